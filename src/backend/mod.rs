@@ -1,0 +1,58 @@
+//! The backend trait and its implementations: the CPU reference, CUDA and HIP.
+//!
+//! A backend owns its buffers (`Backend::Buffer`) and runs validated plans
+//! on them. Validation ([`crate::ops`]) is shared, so every backend rejects
+//! the same arguments with the same error, before writing anything.
+
+pub mod cpu;
+
+use crate::error::Result;
+use crate::ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};
+use crate::tensor::Storage;
+
+/// One implementation of the three operations (and the fused path).
+///
+/// Launch methods do not allocate and do not wait for the device; results
+/// are visible to [`Backend::read`] (which waits) and to later launches on
+/// the same backend.
+pub trait Backend {
+    /// Memory the backend computes on.
+    type Buffer: Storage;
+
+    /// A short name: `cpu`, `cuda:0 (NVIDIA H200, sm_90)`, ...
+    fn name(&self) -> String;
+
+    /// Whether NaN sanitizing is on (see `semantics.md`).
+    fn sanitize(&self) -> bool;
+
+    /// Switches NaN sanitizing on or off for later launches.
+    fn set_sanitize(&mut self, on: bool);
+
+    /// A buffer holding a copy of `bytes`.
+    fn upload(&self, bytes: &[u8]) -> Result<Self::Buffer>;
+
+    /// Overwrites the start of `buf` with `bytes`.
+    fn write(&self, buf: &mut Self::Buffer, bytes: &[u8]) -> Result<()>;
+
+    /// The buffer's bytes (waits for pending work).
+    fn read(&self, buf: &Self::Buffer) -> Result<Vec<u8>>;
+
+    /// `fused_save_compress_norm`.
+    fn fused_save_compress_norm(&self, args: CompressArgs<'_, Self::Buffer>) -> Result<()>;
+
+    /// `rope_quant_insert`.
+    fn rope_quant_insert(&self, args: InsertArgs<'_, Self::Buffer>) -> Result<()>;
+
+    /// `save_ring_rows`.
+    fn save_ring_rows(&self, args: RingArgs<'_, Self::Buffer>) -> Result<()>;
+
+    /// `fused_save_compress_norm` then `rope_quant_insert` in one launch.
+    fn fused_compress_insert(&self, args: FusedArgs<'_, Self::Buffer>) -> Result<()>;
+
+    /// Tokens skipped for out-of-range indices since the last call (waits
+    /// for pending work), then resets the counts.
+    fn take_skip_counts(&self) -> Result<SkipCounts>;
+
+    /// Waits for all launched work.
+    fn synchronize(&self) -> Result<()>;
+}

@@ -1,0 +1,221 @@
+//! Bit-exact number formats: BF16, FP8 e4m3fn, FP4 e2m1 and UE8M0.
+//!
+//! Every encoder here has a line-by-line twin in `kernels-hip/formats.h`
+//! (`bf16_from_f32` ↔ `kv_bf16_from_f32`, and so on). They are written with
+//! integer operations on the IEEE bits so that no platform conversion
+//! instruction (whose NaN and saturation rules differ between vendors) is
+//! involved.
+
+/// f32 → BF16 bits, round to nearest even. Overflow rounds to ±infinity.
+///
+/// Every NaN becomes `0x7FFF`, the canonical NaN that NVIDIA's
+/// `cvt.rn.bf16.f32` writes, so a record never depends on a NaN's payload
+/// (which arithmetic does not preserve the same way on every vendor).
+/// `half::bf16::from_f32` differs only there: it keeps the sign and payload.
+#[inline]
+pub fn bf16_from_f32(x: f32) -> u16 {
+    let b = x.to_bits();
+    if (b & 0x7fff_ffff) > 0x7f80_0000 {
+        return 0x7fff;
+    }
+    let lsb = (b >> 16) & 1;
+    (b.wrapping_add(0x7fff + lsb) >> 16) as u16
+}
+
+/// BF16 bits → f32 (exact).
+#[inline]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// Largest finite e4m3fn magnitude.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// f32 → FP8 e4m3fn (OCP "fn": no infinities, `S.1111.111` is NaN), round to
+/// nearest even, saturating: every magnitude at or above 448 (infinity
+/// included) gives ±448, as `cvt.rn.satfinite` does. A NaN gives `0x7F`.
+/// Subnormals (steps of 2^-9) are produced, never flushed.
+#[inline]
+pub fn e4m3_from_f32(x: f32) -> u8 {
+    let b = x.to_bits();
+    let sign = ((b >> 24) & 0x80) as u8;
+    let a = b & 0x7fff_ffff;
+    if a > 0x7f80_0000 {
+        return 0x7f;
+    }
+    if a >= 0x43e0_0000 {
+        // |x| >= 448: 448 itself, ties at 464 round to the even 448, above saturate.
+        return sign | 0x7e;
+    }
+    if a < 0x3c80_0000 {
+        // |x| < 2^-6: subnormal e4m3, a multiple of 2^-9 (code 8 is 2^-6, the
+        // smallest normal, which the carry produces naturally).
+        return sign | e4m3_subnormal_code(a);
+    }
+    // Normal: keep 3 of the 23 mantissa bits, round to nearest even; a carry
+    // out of the mantissa correctly bumps the exponent.
+    let exp = (a >> 23) as i32 - 127 + 7;
+    let man = a & 0x7f_ffff;
+    let keep = man >> 20;
+    let rem = man & 0xf_ffff;
+    let up = (rem > 0x8_0000 || (rem == 0x8_0000 && (keep & 1) == 1)) as u32;
+    sign | (((exp as u32) << 3) + keep + up) as u8
+}
+
+/// `|x| * 2^9` rounded to nearest even, for `|x| < 2^-6` given as abs bits:
+/// the e4m3 subnormal code (0..=8).
+#[inline]
+fn e4m3_subnormal_code(a: u32) -> u8 {
+    // Value = 1.m * 2^(E-127) for normal f32 (or 0.m * 2^-126). Scaled by 2^9,
+    // the integer part sits (127 - 9 - E + 23) bits down in the significand.
+    let e = (a >> 23) as i32;
+    let sig = if e == 0 {
+        a & 0x7f_ffff
+    } else {
+        (a & 0x7f_ffff) | 0x80_0000
+    };
+    let e_eff = if e == 0 { 1 } else { e };
+    // value * 2^9 = sig * 2^(e_eff - 127 - 23 + 9) = sig >> shift
+    let shift = (127 + 23 - 9 - e_eff) as u32; // >= 21 because |x| < 2^-6
+    if shift >= 32 {
+        return 0; // far below half of 2^-9
+    }
+    let q = sig >> shift;
+    let rem = sig & ((1u32 << shift) - 1);
+    let half = 1u32 << (shift - 1);
+    let up = (rem > half || (rem == half && (q & 1) == 1)) as u32;
+    (q + up) as u8
+}
+
+/// FP8 e4m3fn → f32 (exact). `0x7F` and `0xFF` are NaN.
+#[inline]
+pub fn e4m3_to_f32(c: u8) -> f32 {
+    let sign = if c & 0x80 != 0 { -1.0f32 } else { 1.0 };
+    let e = ((c >> 3) & 0xf) as i32;
+    let m = (c & 7) as f32;
+    if e == 0xf && (c & 7) == 7 {
+        return f32::NAN;
+    }
+    if e == 0 {
+        sign * m * (1.0 / 512.0)
+    } else {
+        sign * (1.0 + m / 8.0) * pow2(e - 7)
+    }
+}
+
+/// FP4 e2m1 code of `q`: magnitudes `0, .5, 1, 1.5, 2, 3, 4, 6` are codes
+/// 0..=7, rounding to nearest with ties to the even code, saturating at 6
+/// (infinity included); bit 3 is the sign of `q`, so `-0.0` (and anything
+/// that rounds to a negative zero) gives 8. A NaN gives code 0.
+#[inline]
+pub fn e2m1_from_f32(q: f32) -> u8 {
+    let b = q.to_bits();
+    let a = b & 0x7fff_ffff;
+    if a > 0x7f80_0000 {
+        return 0;
+    }
+    let sign = ((b >> 28) & 8) as u8;
+    let m = f32::from_bits(a);
+    // Each comparison's `<=` or `<` is the tie rule: the tie goes to the even code.
+    let code = if m <= 0.25 {
+        0
+    } else if m < 0.75 {
+        1
+    } else if m <= 1.25 {
+        2
+    } else if m < 1.75 {
+        3
+    } else if m <= 2.5 {
+        4
+    } else if m < 3.5 {
+        5
+    } else if m <= 5.0 {
+        6
+    } else {
+        7
+    };
+    sign | code
+}
+
+/// FP4 e2m1 code (low 4 bits) → f32.
+#[inline]
+pub fn e2m1_to_f32(c: u8) -> f32 {
+    const MAG: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let m = MAG[(c & 7) as usize];
+    if c & 8 != 0 {
+        -m
+    } else {
+        m
+    }
+}
+
+/// UE8M0 scale byte → f32: `2^(b - 127)`; 255 is NaN.
+#[inline]
+pub fn ue8m0_to_f32(b: u8) -> f32 {
+    if b == 255 {
+        f32::NAN
+    } else {
+        // 2^-127 is subnormal; compute in f64 to stay exact.
+        (2.0f64).powi(b as i32 - 127) as f32
+    }
+}
+
+/// `2^e` for `-126 <= e <= 127`, built from the exponent bits.
+#[inline]
+pub fn pow2(e: i32) -> f32 {
+    debug_assert!((-126..=127).contains(&e));
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_known_values() {
+        assert_eq!(bf16_from_f32(1.0), 0x3f80);
+        assert_eq!(bf16_from_f32(-0.0), 0x8000);
+        // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even mantissa wins.
+        assert_eq!(bf16_from_f32(1.0 + 1.0 / 256.0), 0x3f80);
+        assert_eq!(bf16_from_f32(1.0 + 3.0 / 256.0), 0x3f82);
+        assert_eq!(bf16_from_f32(f32::MAX), 0x7f80);
+        assert_eq!(bf16_from_f32(f32::NAN), 0x7fff);
+        assert_eq!(bf16_from_f32(f32::from_bits(0xffc0_0001)), 0x7fff);
+    }
+
+    #[test]
+    fn e4m3_known_values() {
+        assert_eq!(e4m3_from_f32(448.0), 0x7e);
+        assert_eq!(e4m3_from_f32(-448.0), 0xfe);
+        assert_eq!(e4m3_from_f32(464.0), 0x7e);
+        assert_eq!(e4m3_from_f32(1e9), 0x7e);
+        assert_eq!(e4m3_from_f32(f32::INFINITY), 0x7e);
+        assert_eq!(e4m3_from_f32(f32::NEG_INFINITY), 0xfe);
+        assert_eq!(e4m3_from_f32(f32::NAN), 0x7f);
+        assert_eq!(e4m3_from_f32(1.0), 0x38);
+        assert_eq!(e4m3_from_f32(-0.0), 0x80);
+        assert_eq!(e4m3_from_f32(1.0 / 512.0), 0x01);
+        // Half of the smallest subnormal is a tie with zero: goes to 0.
+        assert_eq!(e4m3_from_f32(1.0 / 1024.0), 0x00);
+        assert_eq!(e4m3_from_f32(3.0 / 1024.0), 0x02);
+        assert_eq!(e4m3_from_f32(2.0f32.powi(-6)), 0x08);
+        assert!(e4m3_to_f32(0x7f).is_nan());
+        assert_eq!(e4m3_to_f32(0x7e), 448.0);
+    }
+
+    #[test]
+    fn e2m1_known_values() {
+        assert_eq!(e2m1_from_f32(-0.0), 8);
+        assert_eq!(e2m1_from_f32(0.25), 0);
+        assert_eq!(e2m1_from_f32(0.75), 2);
+        assert_eq!(e2m1_from_f32(1.25), 2);
+        assert_eq!(e2m1_from_f32(1.75), 4);
+        assert_eq!(e2m1_from_f32(2.5), 4);
+        assert_eq!(e2m1_from_f32(3.5), 6);
+        assert_eq!(e2m1_from_f32(5.0), 6);
+        assert_eq!(e2m1_from_f32(-5.0001), 15);
+        assert_eq!(e2m1_from_f32(f32::NEG_INFINITY), 15);
+        assert_eq!(e2m1_from_f32(f32::NAN), 0);
+        assert_eq!(e2m1_from_f32(-f32::NAN), 0);
+    }
+}

@@ -1,0 +1,401 @@
+//! The launch interface of the device kernels, shared by the CUDA and HIP
+//! backends: kernel names, `#[repr(C)]` parameter blocks that mirror the
+//! structs at the top of `kernels-hip/kvcache.hip` field for field, and the
+//! launch geometry.
+//!
+//! Every kernel takes one parameter block by value. A token (or a request)
+//! is handled by a group of [`GROUP_LANES`] threads; [`GROUPS_PER_BLOCK`]
+//! groups make a block. The kernels never assume a warp or wavefront width:
+//! a group's lanes exchange values only with xor-butterflies of distance
+//! below 32, which stay inside one aligned 32-lane group on 32-lane warps and
+//! on 64-lane wavefronts alike.
+
+use crate::layout::RecordLayout;
+use crate::ops::{CompressPlan, FusedPlan, IndexPlan, InsertPlan, RingRowsPlan};
+
+/// Threads that handle one token.
+pub const GROUP_LANES: u32 = 32;
+/// Token groups per block.
+pub const GROUPS_PER_BLOCK: u32 = 8;
+/// Threads per block.
+pub const BLOCK_THREADS: u32 = GROUP_LANES * GROUPS_PER_BLOCK;
+/// Skip counters a kernel may increment: slot, position, index.
+pub const NUM_COUNTERS: usize = 3;
+
+/// Every kernel in the code objects.
+pub const KERNEL_NAMES: &[&str] = &[
+    "kv_compress_cr1",
+    "kv_compress_cr2",
+    "kv_save_ring_rows",
+    "kv_insert_v4",
+    "kv_insert_mxfp8",
+    "kv_insert_nvfp4",
+    "kv_insert_bf16",
+    "kv_insert_fp8",
+    "kv_fused_cr1_v4",
+    "kv_fused_cr1_mxfp8",
+    "kv_fused_cr1_nvfp4",
+    "kv_fused_cr1_bf16",
+    "kv_fused_cr1_fp8",
+    "kv_fused_cr2_v4",
+    "kv_fused_cr2_mxfp8",
+    "kv_fused_cr2_nvfp4",
+    "kv_fused_cr2_bf16",
+    "kv_fused_cr2_fp8",
+];
+
+/// The insert kernel for a layout.
+pub fn insert_kernel(layout: RecordLayout) -> &'static str {
+    match layout {
+        RecordLayout::V4 => "kv_insert_v4",
+        RecordLayout::Mxfp8 => "kv_insert_mxfp8",
+        RecordLayout::Nvfp4 => "kv_insert_nvfp4",
+        RecordLayout::Bf16Rows => "kv_insert_bf16",
+        RecordLayout::Fp8Rows => "kv_insert_fp8",
+    }
+}
+
+/// The fused kernel for a compress ratio and layout.
+pub fn fused_kernel(compress_ratio: u32, layout: RecordLayout) -> &'static str {
+    let i = RecordLayout::ALL.iter().position(|l| *l == layout).expect("every layout is in ALL");
+    if compress_ratio == 1 {
+        KERNEL_NAMES[8 + i]
+    } else {
+        KERNEL_NAMES[13 + i]
+    }
+}
+
+/// The compress kernel for a compress ratio.
+pub fn compress_kernel(compress_ratio: u32) -> &'static str {
+    if compress_ratio == 1 {
+        "kv_compress_cr1"
+    } else {
+        "kv_compress_cr2"
+    }
+}
+
+/// Flag bits of the parameter blocks: which index tensors are I64.
+pub mod flags {
+    /// `positions` is I64.
+    pub const POS_I64: u32 = 1;
+    /// `slot_mapping` is I64.
+    pub const SLOT_I64: u32 = 2;
+    /// `query_start_loc` is I64.
+    pub const QSL_I64: u32 = 4;
+    /// `token_to_req_indices` is I64.
+    pub const TTR_I64: u32 = 8;
+    /// `prev_row_indices` is I64.
+    pub const PRI_I64: u32 = 16;
+    /// `prev_rows` given.
+    pub const HAS_PREV: u32 = 32;
+    /// `latent_out` written (fused kernels).
+    pub const WRITE_LATENT: u32 = 64;
+    /// `cos_sin_cache` is BF16.
+    pub const COS_BF16: u32 = 128;
+    /// NaN sanitizing.
+    pub const SANITIZE: u32 = 256;
+}
+
+/// `KvCompressParams`. Pointers are device addresses; strides in elements.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CompressParams {
+    /// `const float*` kv_score.
+    pub kv_score: u64,
+    /// `const void*` positions.
+    pub positions: u64,
+    /// `const void*` slot_mapping.
+    pub slots: u64,
+    /// `const void*` query_start_loc (CR2).
+    pub qsl: u64,
+    /// `const void*` token_to_req_indices (CR2).
+    pub ttr: u64,
+    /// `const uint16_t*` rms_norm_weight.
+    pub weight: u64,
+    /// `uint16_t*` latent_out.
+    pub latent: u64,
+    /// `float*` state_cache (CR2).
+    pub ring: u64,
+    /// `const float*` prev_rows.
+    pub prev_rows: u64,
+    /// `const void*` prev_row_indices.
+    pub prev_idx: u64,
+    /// `unsigned*` skip counters.
+    pub counters: u64,
+    /// kv_score row stride.
+    pub kv_row_stride: i64,
+    /// Ring block stride.
+    pub ring_block_stride: i64,
+    /// Ring row stride.
+    pub ring_row_stride: i64,
+    /// Ring blocks.
+    pub ring_blocks: i64,
+    /// Ring rows per block.
+    pub ring_capacity: i64,
+    /// prev_rows row stride.
+    pub prev_row_stride: i64,
+    /// prev_rows rows.
+    pub prev_rows_n: i64,
+    /// Tokens.
+    pub n: i64,
+    /// Requests (CR2).
+    pub num_reqs: i64,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// [`flags`].
+    pub flags: u32,
+}
+
+/// `KvInsertParams`. Pointers are device addresses.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InsertParams {
+    /// `const uint16_t*` latent.
+    pub latent: u64,
+    /// `const void*` positions.
+    pub positions: u64,
+    /// `const void*` slot_mapping.
+    pub slots: u64,
+    /// `const void*` cos_sin_cache (F32 or BF16).
+    pub cos_sin: u64,
+    /// `uint8_t*` kv_cache.
+    pub cache: u64,
+    /// `const float*` fp8_scale (FP8 rows).
+    pub fp8_scale: u64,
+    /// `unsigned*` skip counters.
+    pub counters: u64,
+    /// Latent row stride (elements).
+    pub latent_row_stride: i64,
+    /// cos/sin row stride (elements).
+    pub cos_row_stride: i64,
+    /// cos/sin rows.
+    pub cos_rows: i64,
+    /// Bytes between cache blocks.
+    pub block_stride: i64,
+    /// Bytes between rows (rows layouts).
+    pub row_stride: i64,
+    /// Cache blocks.
+    pub num_blocks: i64,
+    /// Rows per block.
+    pub block_size: i64,
+    /// Tokens.
+    pub n: i64,
+    /// 1 or 2.
+    pub compress_ratio: u32,
+    /// [`flags`].
+    pub flags: u32,
+}
+
+/// `KvRingRowsParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingRowsParams {
+    /// `const float*` rows.
+    pub rows: u64,
+    /// `const void*` slot_mapping.
+    pub slots: u64,
+    /// `float*` state_cache.
+    pub ring: u64,
+    /// `unsigned*` skip counters.
+    pub counters: u64,
+    /// Row stride of rows.
+    pub row_stride: i64,
+    /// Ring block stride.
+    pub ring_block_stride: i64,
+    /// Ring row stride.
+    pub ring_row_stride: i64,
+    /// Ring blocks.
+    pub ring_blocks: i64,
+    /// Ring rows per block.
+    pub ring_capacity: i64,
+    /// Rows.
+    pub n: i64,
+    /// [`flags`].
+    pub flags: u32,
+    /// Padding (keeps the C and Rust sizes equal).
+    pub pad: u32,
+}
+
+/// `KvFusedParams`: the two blocks one after the other.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FusedParams {
+    /// The compressor part.
+    pub compress: CompressParams,
+    /// The insert part (its `latent` is the compressor's `latent`).
+    pub insert: InsertParams,
+}
+
+/// Device addresses of a compress call's tensors (base + view offset).
+#[derive(Debug, Clone, Copy, Default)]
+#[allow(missing_docs)]
+pub struct CompressPtrs {
+    pub kv_score: u64,
+    pub positions: u64,
+    pub slots: u64,
+    pub qsl: u64,
+    pub ttr: u64,
+    pub weight: u64,
+    pub latent: u64,
+    pub ring: u64,
+    pub prev_rows: u64,
+    pub prev_idx: u64,
+    pub counters: u64,
+}
+
+/// Device addresses of an insert call's tensors (the buffers' base
+/// addresses; the plan's offsets are added here).
+#[derive(Debug, Clone, Copy, Default)]
+#[allow(missing_docs)]
+pub struct InsertPtrs {
+    pub latent: u64,
+    pub positions: u64,
+    pub slots: u64,
+    pub cos_sin: u64,
+    pub cache: u64,
+    pub fp8_scale: u64,
+    pub counters: u64,
+}
+
+fn i64_flag(p: &IndexPlan, bit: u32) -> u32 {
+    if p.is_i64 {
+        bit
+    } else {
+        0
+    }
+}
+
+/// Parameter block of a compress plan, given its buffers' base addresses.
+pub fn compress_params(p: &CompressPlan, b: &CompressPtrs) -> CompressParams {
+    let mut f = i64_flag(&p.positions, flags::POS_I64) | i64_flag(&p.slots, flags::SLOT_I64);
+    let mut c = CompressParams {
+        kv_score: b.kv_score + p.kv_score.offset as u64,
+        positions: b.positions + p.positions.offset as u64,
+        slots: b.slots + p.slots.offset as u64,
+        weight: b.weight + p.weight_offset as u64,
+        latent: b.latent + p.latent.offset as u64,
+        counters: b.counters,
+        kv_row_stride: p.kv_score.row_stride as i64,
+        n: p.n as i64,
+        eps: p.eps,
+        ..Default::default()
+    };
+    if let (Some(r), Some(q), Some(t)) = (p.ring, p.query_start_loc, p.token_to_req) {
+        c.ring = b.ring + r.offset as u64;
+        c.ring_block_stride = r.block_stride as i64;
+        c.ring_row_stride = r.row_stride as i64;
+        c.ring_blocks = r.blocks as i64;
+        c.ring_capacity = r.capacity as i64;
+        c.qsl = b.qsl + q.offset as u64;
+        c.ttr = b.ttr + t.offset as u64;
+        c.num_reqs = (q.len - 1) as i64;
+        f |= i64_flag(&q, flags::QSL_I64) | i64_flag(&t, flags::TTR_I64);
+    }
+    if let (Some(pr), Some(pi)) = (p.prev_rows, p.prev_row_indices) {
+        c.prev_rows = b.prev_rows + pr.offset as u64;
+        c.prev_row_stride = pr.row_stride as i64;
+        c.prev_rows_n = pr.rows as i64;
+        c.prev_idx = b.prev_idx + pi.offset as u64;
+        f |= flags::HAS_PREV | i64_flag(&pi, flags::PRI_I64);
+    }
+    c.flags = f;
+    c
+}
+
+/// Parameter block of an insert plan.
+pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertParams {
+    let mut f = i64_flag(&p.positions, flags::POS_I64) | i64_flag(&p.slots, flags::SLOT_I64);
+    if p.cos_sin_bf16 {
+        f |= flags::COS_BF16;
+    }
+    if sanitize {
+        f |= flags::SANITIZE;
+    }
+    InsertParams {
+        latent: b.latent + p.latent.offset as u64,
+        positions: b.positions + p.positions.offset as u64,
+        slots: b.slots + p.slots.offset as u64,
+        cos_sin: b.cos_sin + p.cos_sin.offset as u64,
+        cache: b.cache + p.cache.offset as u64,
+        fp8_scale: p.fp8_scale_offset.map_or(0, |o| b.fp8_scale + o as u64),
+        counters: b.counters,
+        latent_row_stride: p.latent.row_stride as i64,
+        cos_row_stride: p.cos_sin.row_stride as i64,
+        cos_rows: p.cos_sin.rows as i64,
+        block_stride: p.cache.block_stride as i64,
+        row_stride: p.cache.row_stride as i64,
+        num_blocks: p.cache.blocks as i64,
+        block_size: p.cache.block_size as i64,
+        n: p.n as i64,
+        compress_ratio: p.compress_ratio,
+        flags: f,
+    }
+}
+
+/// Parameter block of a `save_ring_rows` plan: `rows`, `slots`, `ring` are
+/// base addresses.
+pub fn ring_rows_params(p: &RingRowsPlan, rows: u64, slots: u64, ring: u64, counters: u64) -> RingRowsParams {
+    RingRowsParams {
+        rows: rows + p.rows.offset as u64,
+        slots: slots + p.slots.offset as u64,
+        ring: ring + p.ring.offset as u64,
+        counters,
+        row_stride: p.rows.row_stride as i64,
+        ring_block_stride: p.ring.block_stride as i64,
+        ring_row_stride: p.ring.row_stride as i64,
+        ring_blocks: p.ring.blocks as i64,
+        ring_capacity: p.ring.capacity as i64,
+        n: p.n as i64,
+        flags: i64_flag(&p.slots, flags::SLOT_I64),
+        pad: 0,
+    }
+}
+
+/// Parameter block of a fused plan.
+pub fn fused_params(p: &FusedPlan, c: &CompressPtrs, i: &InsertPtrs, sanitize: bool) -> FusedParams {
+    let mut compress = compress_params(&p.compress, c);
+    if p.write_latent {
+        compress.flags |= flags::WRITE_LATENT;
+    }
+    let mut insert = insert_params(&p.insert, i, sanitize);
+    insert.latent = compress.latent;
+    FusedParams { compress, insert }
+}
+
+/// Blocks for `items` groups (one token or request each); at least 1.
+pub fn grid_for_items(items: u64) -> u32 {
+    items.div_ceil(GROUPS_PER_BLOCK as u64).max(1) as u32
+}
+
+/// Groups a compress (or fused) launch needs: CR2 adds one per request.
+pub fn compress_items(p: &CompressPlan) -> u64 {
+    p.n as u64 + p.num_reqs() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_blocks_have_the_c_sizes() {
+        // The C structs in kernels-hip/kvcache.hip have these sizes (all
+        // fields 8-byte aligned, no interior padding).
+        assert_eq!(std::mem::size_of::<CompressParams>(), 11 * 8 + 9 * 8 + 8);
+        assert_eq!(std::mem::size_of::<InsertParams>(), 7 * 8 + 8 * 8 + 8);
+        assert_eq!(std::mem::size_of::<RingRowsParams>(), 4 * 8 + 6 * 8 + 8);
+        assert_eq!(
+            std::mem::size_of::<FusedParams>(),
+            std::mem::size_of::<CompressParams>() + std::mem::size_of::<InsertParams>()
+        );
+    }
+
+    #[test]
+    fn kernel_lookup_is_consistent() {
+        for l in RecordLayout::ALL {
+            assert!(KERNEL_NAMES.contains(&insert_kernel(l)));
+            assert!(fused_kernel(1, l).starts_with("kv_fused_cr1_"));
+            assert!(fused_kernel(2, l).starts_with("kv_fused_cr2_"));
+            assert!(fused_kernel(2, l).ends_with(insert_kernel(l).trim_start_matches("kv_insert_")));
+        }
+    }
+}

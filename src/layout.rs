@@ -1,0 +1,161 @@
+//! Cache record layouts: where every byte of a token's record goes, and the
+//! decoders that read records back to f32.
+//!
+//! Paged layouts (`kv_cache` of bytes, `[blocks, block_size, W]`) keep, in
+//! each block's page, all records' value bytes first (`page + row * V`) and
+//! then all records' scale bytes (`page + block_size * V + row * S`).
+//! `docs/layouts.md` draws every byte.
+
+use crate::formats::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, ue8m0_to_f32};
+
+/// Dimensions of a latent.
+pub const DIM: usize = 512;
+/// Leading dims that get no rotation.
+pub const NOPE_DIM: usize = 448;
+/// Trailing dims rotated by RoPE (32 pairs).
+pub const ROPE_DIM: usize = 64;
+/// First RoPE pair index.
+pub const FIRST_ROPE_PAIR: usize = NOPE_DIM / 2;
+
+/// The record layouts of `rope_quant_insert`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordLayout {
+    /// V4, 584 B: e4m3 of the unrotated dims 0..448 in 7 blocks of 64, the
+    /// rotated dims 448..512 as BF16; 7 UE8M0 scales and a zero byte.
+    V4,
+    /// V4.1 MXFP8, 528 B: e4m3 of all 512 rotated dims in 16 blocks of 32;
+    /// 16 UE8M0 scales.
+    Mxfp8,
+    /// V4.1 NVFP4, 288 B: e2m1 pairs of the rotated dims; 32 e4m3 scales,
+    /// one per 16 dims.
+    Nvfp4,
+    /// Plain BF16 rows `[.., 512]`.
+    Bf16Rows,
+    /// Plain FP8 e4m3 rows `[.., 512]` with a per-tensor scale.
+    Fp8Rows,
+}
+
+impl RecordLayout {
+    /// Every layout, in a fixed order.
+    pub const ALL: [RecordLayout; 5] = [
+        RecordLayout::V4,
+        RecordLayout::Mxfp8,
+        RecordLayout::Nvfp4,
+        RecordLayout::Bf16Rows,
+        RecordLayout::Fp8Rows,
+    ];
+
+    /// The paged layout whose record is `width` bytes, if any.
+    pub fn from_record_width(width: usize) -> Option<Self> {
+        match width {
+            584 => Some(RecordLayout::V4),
+            528 => Some(RecordLayout::Mxfp8),
+            288 => Some(RecordLayout::Nvfp4),
+            _ => None,
+        }
+    }
+
+    /// Whether records live in a paged byte cache (values then scales).
+    pub fn is_paged(self) -> bool {
+        matches!(
+            self,
+            RecordLayout::V4 | RecordLayout::Mxfp8 | RecordLayout::Nvfp4
+        )
+    }
+
+    /// Value bytes per record `V` (for rows: the row's bytes).
+    pub fn value_bytes(self) -> usize {
+        match self {
+            RecordLayout::V4 => 576,
+            RecordLayout::Mxfp8 => 512,
+            RecordLayout::Nvfp4 => 256,
+            RecordLayout::Bf16Rows => 1024,
+            RecordLayout::Fp8Rows => 512,
+        }
+    }
+
+    /// Scale bytes per record `S` (0 for rows).
+    pub fn scale_bytes(self) -> usize {
+        match self {
+            RecordLayout::V4 => 8,
+            RecordLayout::Mxfp8 => 16,
+            RecordLayout::Nvfp4 => 32,
+            RecordLayout::Bf16Rows | RecordLayout::Fp8Rows => 0,
+        }
+    }
+
+    /// Bytes a token occupies in the cache.
+    pub fn record_bytes(self) -> usize {
+        self.value_bytes() + self.scale_bytes()
+    }
+
+    /// Short name used by the CLI, test vectors and benchmarks.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecordLayout::V4 => "v4",
+            RecordLayout::Mxfp8 => "mxfp8",
+            RecordLayout::Nvfp4 => "nvfp4",
+            RecordLayout::Bf16Rows => "bf16",
+            RecordLayout::Fp8Rows => "fp8",
+        }
+    }
+
+    /// Inverse of [`RecordLayout::name`].
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.name() == s)
+    }
+
+    /// Stable numeric id shared with the kernels (`KV_LAYOUT_*`).
+    pub fn id(self) -> u32 {
+        match self {
+            RecordLayout::V4 => 0,
+            RecordLayout::Mxfp8 => 1,
+            RecordLayout::Nvfp4 => 2,
+            RecordLayout::Bf16Rows => 3,
+            RecordLayout::Fp8Rows => 4,
+        }
+    }
+}
+
+/// Decodes one record back to 512 f32 values: the rotated vector (V4's
+/// NoPE part is the unrotated latent, which equals its rotation up to the
+/// sign of zero). `values` are the record's `V` value bytes, `scales` its
+/// `S` scale bytes (empty for rows); `fp8_scale` is the per-tensor scale of
+/// FP8 rows.
+pub fn decode_record(layout: RecordLayout, values: &[u8], scales: &[u8], fp8_scale: f32) -> [f32; DIM] {
+    let mut out = [0.0f32; DIM];
+    match layout {
+        RecordLayout::V4 => {
+            for (i, o) in out[..NOPE_DIM].iter_mut().enumerate() {
+                *o = e4m3_to_f32(values[i]) * ue8m0_to_f32(scales[i / 64]);
+            }
+            for (i, o) in out[NOPE_DIM..].iter_mut().enumerate() {
+                let b = NOPE_DIM + 2 * i;
+                *o = bf16_to_f32(u16::from_le_bytes([values[b], values[b + 1]]));
+            }
+        }
+        RecordLayout::Mxfp8 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = e4m3_to_f32(values[i]) * ue8m0_to_f32(scales[i / 32]);
+            }
+        }
+        RecordLayout::Nvfp4 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                let byte = values[i / 2];
+                let code = if i % 2 == 0 { byte & 0xf } else { byte >> 4 };
+                *o = e2m1_to_f32(code) * e4m3_to_f32(scales[i / 16]);
+            }
+        }
+        RecordLayout::Bf16Rows => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = bf16_to_f32(u16::from_le_bytes([values[2 * i], values[2 * i + 1]]));
+            }
+        }
+        RecordLayout::Fp8Rows => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = e4m3_to_f32(values[i]) * fp8_scale;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,320 @@
+//! The math the operations share, written so that every backend computes the
+//! same bits: plain IEEE binary32 operations rounded to nearest even, `fma`
+//! only where written, no approximate instructions and no platform libm.
+//!
+//! Each function has a twin of the same name with a `kv_` prefix in
+//! `kernels-hip/math.h`; keep the two in step line by line.
+
+use crate::formats::pow2;
+
+/// `f32(1/448)`.
+pub const INV_448: f32 = f32::from_bits(0x3b12_4925);
+/// `f32(1/6)`.
+pub const INV_6: f32 = f32::from_bits(0x3e2a_aaab);
+/// `f32(1e-4)`, the floor of an FP8 block's absolute maximum.
+pub const AMAX_FLOOR: f32 = f32::from_bits(0x38d1_b717);
+/// `2^-9`, the smallest e4m3 subnormal: the floor of an NVFP4 tile scale.
+pub const NVFP4_SCALE_MIN: f32 = f32::from_bits(0x3b00_0000);
+
+const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+/// `1.5 * 2^23`: adding and subtracting it rounds to an integer, ties to even.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// `e^x`, the one implementation every backend uses for the pooling weights.
+///
+/// Cody–Waite reduction `x = n ln2 + r` with `n` rounded to nearest even,
+/// then a degree-7 Taylor polynomial on `|r| <= ln2 / 2` by Horner's rule in
+/// `fma`, then scaling by `2^n` (in two steps below 2^-126 so that a subnormal
+/// result is rounded once). Within 2 ulp of `exp` (tested against f64); NaN
+/// in gives the canonical NaN out.
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return f32::from_bits(0x7fc0_0000);
+    }
+    if x > 88.722_84 {
+        return f32::INFINITY;
+    }
+    if x < -103.972_08 {
+        return 0.0;
+    }
+    let t = x * LOG2E;
+    let n = (t + ROUND_MAGIC) - ROUND_MAGIC;
+    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut p = f32::from_bits(0x3950_0d01); // 1/5040
+    p = p.mul_add(r, f32::from_bits(0x3ab6_0b61)); // 1/720
+    p = p.mul_add(r, f32::from_bits(0x3c08_8889)); // 1/120
+    p = p.mul_add(r, f32::from_bits(0x3d2a_aaab)); // 1/24
+    p = p.mul_add(r, f32::from_bits(0x3e2a_aaab)); // 1/6
+    p = p.mul_add(r, 0.5);
+    p = p.mul_add(r, 1.0);
+    p = p.mul_add(r, 1.0);
+    let n = n as i32;
+    if n < -126 {
+        (p * pow2(n + 100)) * pow2(-100)
+    } else if n > 127 {
+        (p * pow2(n - 1)) * 2.0
+    } else {
+        p * pow2(n)
+    }
+}
+
+/// `max` that ignores a NaN operand (NVIDIA `max.f32`): NaN only if both are.
+#[inline]
+pub fn max_nan_ignoring(a: f32, b: f32) -> f32 {
+    if a.is_nan() {
+        b
+    } else if b.is_nan() || a >= b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `min` that ignores a NaN operand (NVIDIA `min.f32`): NaN only if both are.
+#[inline]
+pub fn min_nan_ignoring(a: f32, b: f32) -> f32 {
+    if a.is_nan() {
+        b
+    } else if b.is_nan() || a <= b {
+        a
+    } else {
+        b
+    }
+}
+
+/// The FP8 clamp to `[-448, 448]` as the seed compiles it
+/// (`min.xorsign.abs`): `copysign(min(|v|, 448), v)`, where a NaN (always the
+/// canonical positive NaN after arithmetic on NVIDIA) becomes `+448`.
+#[inline]
+pub fn clamp_e4m3(v: f32) -> f32 {
+    if v.is_nan() {
+        return 448.0;
+    }
+    let m = if v.abs() < 448.0 { v.abs() } else { 448.0 };
+    m.copysign(v)
+}
+
+/// Scale exponent of an FP8 block: `ceil(log2f(x))` where `log2f` rounds the
+/// true `log2` to the nearest f32, for `x = f32(amax * f32(1/448))` (normal,
+/// since `amax >= 1e-4`, or `+inf`). Returns `None` for an infinite `x`.
+///
+/// For `x = (1 + f) 2^k` with `f > 0`, the true log2 lies in `(k, k + 1)` and
+/// its rounding is `k` exactly when `log2(1 + f)` is under half an ulp of `k`
+/// (an f32 grid spacing of `2^(floor(log2|k|) - 23)`, halved below a negative
+/// power of two): then the exponent is `k`, not `k + 1`. That happens for the
+/// few mantissas `f = j 2^-23` with `j <= LOG2_ROUNDS_DOWN[q]`, where
+/// `2^-q` is that half ulp; the table holds, per `q`, the largest `j` with
+/// `log2(1 + j 2^-23) < 2^-q` (computed in exact arithmetic; see the test).
+#[inline]
+pub fn block_scale_exponent(x: f32) -> Option<i32> {
+    let bits = x.to_bits();
+    let biased = ((bits >> 23) & 0xff) as i32;
+    if biased == 0xff {
+        return None;
+    }
+    let k = biased - 127;
+    let f = bits & 0x7f_ffff;
+    if f == 0 {
+        return Some(k);
+    }
+    if k == 0 {
+        return Some(1);
+    }
+    let ak = k.unsigned_abs();
+    let fl = 31 - ak.leading_zeros() as i32; // floor(log2 |k|), 0..=6
+    let q = if k < 0 && ak.is_power_of_two() {
+        25 - fl
+    } else {
+        24 - fl
+    };
+    if f <= LOG2_ROUNDS_DOWN[q as usize] {
+        Some(k)
+    } else {
+        Some(k + 1)
+    }
+}
+
+/// `LOG2_ROUNDS_DOWN[q]`: the largest `j` with `log2(1 + j 2^-23) < 2^-q`,
+/// for the `q` that [`block_scale_exponent`] can ask for (18..=25).
+pub const LOG2_ROUNDS_DOWN: [u32; 26] = [
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 22, 11, 5, 2, 1, 0, 0, 0,
+];
+
+/// The scale byte of an FP8 block (UE8M0): `min(max(e + 127, 0), 255)`, with
+/// 254 as the upper bound when sanitizing (255 is UE8M0's NaN). An infinite
+/// block gives the upper bound.
+#[inline]
+pub fn ue8m0_scale_byte(e: Option<i32>, sanitize: bool) -> u8 {
+    let hi = if sanitize { 254 } else { 255 };
+    match e {
+        None => hi as u8,
+        Some(e) => (e + 127).clamp(0, hi) as u8,
+    }
+}
+
+/// `2^-e` as the multiplier of a block's elements; `0` for an infinite block
+/// (so its finite elements become ±0 and infinite ones NaN, which the clamp
+/// turns into +448).
+#[inline]
+pub fn block_scale_multiplier(e: Option<i32>) -> f32 {
+    match e {
+        // |e| <= 127 for every normal x, so 2^-e is exact and normal.
+        Some(e) => pow2(-e),
+        None => 0.0,
+    }
+}
+
+/// Sum of the squares of 512 values in the library's one defined order.
+///
+/// View the input as 32 lanes of 16 consecutive values (lane `i` holds
+/// `v[16 i .. 16 i + 16]`). Each lane squares its values (`f32(v * v)`, no
+/// fma) and folds them pairwise by halves: `a[j] += a[j + h]` for
+/// `h = 8, 4, 2, 1`. Then the lanes fold by a butterfly:
+/// `s[i] = s[i] + s[i ^ h]` for `h = 16, 8, 4, 2, 1`. Because f32 addition
+/// is commutative, every lane ends with the same bits; that is the sum.
+#[inline]
+pub fn sum_squares_512(v: &[f32; 512]) -> f32 {
+    let mut s = [0.0f32; 32];
+    for (i, lane) in s.iter_mut().enumerate() {
+        let mut a = [0.0f32; 16];
+        for j in 0..16 {
+            let x = v[16 * i + j];
+            a[j] = x * x;
+        }
+        let mut h = 8;
+        while h >= 1 {
+            for j in 0..h {
+                a[j] += a[j + h];
+            }
+            h /= 2;
+        }
+        *lane = a[0];
+    }
+    let mut h = 16;
+    while h >= 1 {
+        let prev = s;
+        for i in 0..32 {
+            s[i] = prev[i] + prev[i ^ h];
+        }
+        h /= 2;
+    }
+    s[0]
+}
+
+/// The reciprocal RMS of 512 values: `f32(1 / f32(sqrt(f32(var + eps))))`
+/// with `var = f32(sum / 512)`.
+#[inline]
+pub fn inv_rms_512(v: &[f32; 512], eps: f32) -> f32 {
+    let var = sum_squares_512(v) / 512.0;
+    1.0 / (var + eps).sqrt()
+}
+
+/// One normalized output: `bf16(f32(f32(v * inv) * w))`, as f32 before the
+/// final conversion.
+#[inline]
+pub fn norm_scale(v: f32, inv: f32, w: f32) -> f32 {
+    (v * inv) * w
+}
+
+/// Softmax pooling of two rows' values per dim: `m = max(s0, s1)`,
+/// `w0 = exp(s0 - m)`, `w1 = exp(s1 - m)`,
+/// `f32(f32(f32(kv0 w0) + f32(kv1 w1)) / f32(w0 + w1))`.
+#[inline]
+pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
+    let m = max_nan_ignoring(s0, s1);
+    let w0 = exp(s0 - m);
+    let w1 = exp(s1 - m);
+    (kv0 * w0 + kv1 * w1) / (w0 + w1)
+}
+
+/// GPT-J rotation of one pair: `(fma(e, c, -f32(o s)), fma(o, c, f32(e s)))`.
+/// The NoPE pairs run it too with `c = 1, s = 0`.
+#[inline]
+pub fn rope_pair(e: f32, o: f32, c: f32, s: f32) -> (f32, f32) {
+    (e.mul_add(c, -(o * s)), o.mul_add(c, e * s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constants_are_the_rounded_values() {
+        assert_eq!(INV_448, (1.0f64 / 448.0) as f32);
+        assert_eq!(INV_6, (1.0f64 / 6.0) as f32);
+        assert_eq!(AMAX_FLOOR, 1e-4f64 as f32);
+        assert_eq!(LOG2E, std::f64::consts::LOG2_E as f32);
+        assert_eq!(f32::from_bits(0x3950_0d01), (1.0f64 / 5040.0) as f32);
+        assert_eq!(f32::from_bits(0x3ab6_0b61), (1.0f64 / 720.0) as f32);
+        assert_eq!(f32::from_bits(0x3c08_8889), (1.0f64 / 120.0) as f32);
+        assert_eq!(f32::from_bits(0x3d2a_aaab), (1.0f64 / 24.0) as f32);
+        // ln2 split: hi has few enough bits that n * hi is exact for |n| <= 150.
+        let ln2 = std::f64::consts::LN_2;
+        assert!((LN2_HI as f64 + LN2_LO as f64 - ln2).abs() < 1e-13);
+        assert_eq!(LN2_HI.to_bits() & 0x1ff, 0);
+    }
+
+    #[test]
+    fn log2_table_matches_exact_arithmetic() {
+        // log2(1 + j 2^-23) < 2^-q  <=>  (1 + j 2^-23) < 2^(2^-q). Check each
+        // table entry j and j + 1 with f64 logs: the margins are far larger
+        // than f64's error (the boundary is not near an integer).
+        for q in 18..=25 {
+            let j = LOG2_ROUNDS_DOWN[q];
+            let lg = |j: u32| (1.0 + j as f64 * 2f64.powi(-23)).log2();
+            let t = 2f64.powi(-(q as i32));
+            if j > 0 {
+                assert!(lg(j) < t, "q={q}");
+            }
+            assert!(lg(j + 1) > t, "q={q}");
+        }
+    }
+
+    #[test]
+    fn scale_exponent_against_f64_log2_rounded_to_f32() {
+        // For every k the exponent can take and the first mantissas above a
+        // power of two, compare with ceil(f32(log2 in f64)).
+        for k in -24..=127i32 {
+            for j in 0..64u32 {
+                for jj in [j, 0x7f_ffff - j] {
+                    let bits = (((k + 127) as u32) << 23) | jj;
+                    let x = f32::from_bits(bits);
+                    let want = ((x as f64).log2() as f32).ceil() as i32;
+                    assert_eq!(block_scale_exponent(x), Some(want), "x={x:e} k={k} j={jj}");
+                }
+            }
+        }
+        assert_eq!(block_scale_exponent(f32::INFINITY), None);
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp() {
+        let mut worst = 0u32;
+        let mut x = -104.0f32;
+        while x < 88.7 {
+            let got = exp(x);
+            let want = (x as f64).exp() as f32;
+            let d = got.to_bits().abs_diff(want.to_bits());
+            worst = worst.max(d);
+            x += 0.000_731;
+        }
+        assert!(worst <= 2, "worst ulp distance {worst}");
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn sum_order_is_a_tree() {
+        let mut v = [0.0f32; 512];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = (i as f32 * 0.37).sin();
+        }
+        let exact: f64 = v.iter().map(|&x| (x as f64) * (x as f64)).sum();
+        assert!((sum_squares_512(&v) as f64 - exact).abs() < 1e-4);
+    }
+}
