@@ -1,6 +1,6 @@
 //! Bit-exact number formats: BF16, FP8 e4m3fn, FP4 e2m1 and UE8M0.
 //!
-//! Every encoder here has a line-by-line twin in `kernels-hip/formats.h`
+//! Every encoder here has a line-by-line twin in `kernels-hip/kv_formats.h`
 //! (`bf16_from_f32` ↔ `kv_bf16_from_f32`, and so on). They are written with
 //! integer operations on the IEEE bits so that no platform conversion
 //! instruction (whose NaN and saturation rules differ between vendors) is

@@ -57,7 +57,10 @@ pub fn insert_kernel(layout: RecordLayout) -> &'static str {
 
 /// The fused kernel for a compress ratio and layout.
 pub fn fused_kernel(compress_ratio: u32, layout: RecordLayout) -> &'static str {
-    let i = RecordLayout::ALL.iter().position(|l| *l == layout).expect("every layout is in ALL");
+    let i = RecordLayout::ALL
+        .iter()
+        .position(|l| *l == layout)
+        .expect("every layout is in ALL");
     if compress_ratio == 1 {
         KERNEL_NAMES[8 + i]
     } else {
@@ -334,7 +337,13 @@ pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertPa
 
 /// Parameter block of a `save_ring_rows` plan: `rows`, `slots`, `ring` are
 /// base addresses.
-pub fn ring_rows_params(p: &RingRowsPlan, rows: u64, slots: u64, ring: u64, counters: u64) -> RingRowsParams {
+pub fn ring_rows_params(
+    p: &RingRowsPlan,
+    rows: u64,
+    slots: u64,
+    ring: u64,
+    counters: u64,
+) -> RingRowsParams {
     RingRowsParams {
         rows: rows + p.rows.offset as u64,
         slots: slots + p.slots.offset as u64,
@@ -352,7 +361,12 @@ pub fn ring_rows_params(p: &RingRowsPlan, rows: u64, slots: u64, ring: u64, coun
 }
 
 /// Parameter block of a fused plan.
-pub fn fused_params(p: &FusedPlan, c: &CompressPtrs, i: &InsertPtrs, sanitize: bool) -> FusedParams {
+pub fn fused_params(
+    p: &FusedPlan,
+    c: &CompressPtrs,
+    i: &InsertPtrs,
+    sanitize: bool,
+) -> FusedParams {
     let mut compress = compress_params(&p.compress, c);
     if p.write_latent {
         compress.flags |= flags::WRITE_LATENT;

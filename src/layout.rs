@@ -122,7 +122,12 @@ impl RecordLayout {
 /// sign of zero). `values` are the record's `V` value bytes, `scales` its
 /// `S` scale bytes (empty for rows); `fp8_scale` is the per-tensor scale of
 /// FP8 rows.
-pub fn decode_record(layout: RecordLayout, values: &[u8], scales: &[u8], fp8_scale: f32) -> [f32; DIM] {
+pub fn decode_record(
+    layout: RecordLayout,
+    values: &[u8],
+    scales: &[u8],
+    fp8_scale: f32,
+) -> [f32; DIM] {
     let mut out = [0.0f32; DIM];
     match layout {
         RecordLayout::V4 => {

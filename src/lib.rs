@@ -1,1 +1,42 @@
-//! placeholder
+//! # dsv4-kvcache
+//!
+//! DeepSeek V4 / V4.1 compressed KV-cache records, written bit-identically by
+//! a CPU reference, AMD GPUs (HIP: gfx942, gfx950) and NVIDIA GPUs (CUDA:
+//! sm_90, sm_100).
+//!
+//! The three operations of the seed module are implemented with the exact
+//! semantics of `semantics.md`:
+//! - `fused_save_compress_norm`: pool each closed group of rows into an
+//!   RMS-normalized BF16 latent (CR1, or CR2 through a ring of FP32 rows);
+//! - `rope_quant_insert`: rotate a latent (GPT-J RoPE) and write its record in
+//!   one of five layouts ([`layout::RecordLayout`]);
+//! - `save_ring_rows`: store FP32 rows into their ring slots.
+//!
+//! Every backend implements [`backend::Backend`]; arguments are validated once,
+//! in [`ops`], for all of them.
+
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod detect;
+pub mod error;
+pub mod formats;
+pub mod kernel_abi;
+pub mod kernels;
+pub mod layout;
+pub mod math;
+pub mod ops;
+pub mod reference;
+pub mod tensor;
+pub mod vectors;
+
+pub use backend::cpu::CpuBackend;
+#[cfg(feature = "cuda")]
+pub use backend::cuda::CudaBackend;
+#[cfg(feature = "hip")]
+pub use backend::hip::HipBackend;
+pub use backend::Backend;
+pub use error::{Error, Result};
+pub use layout::RecordLayout;
+pub use ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};
+pub use tensor::{DType, Tensor, TensorDesc, TensorMut};

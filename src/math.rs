@@ -3,7 +3,7 @@
 //! only where written, no approximate instructions and no platform libm.
 //!
 //! Each function has a twin of the same name with a `kv_` prefix in
-//! `kernels-hip/math.h`; keep the two in step line by line.
+//! `kernels-hip/kv_math.h`; keep the two in step line by line.
 
 use crate::formats::pow2;
 

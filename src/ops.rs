@@ -252,7 +252,9 @@ fn shape_err(arg: &'static str, problem: String) -> Error {
 }
 
 fn extent<S: Storage + ?Sized>(arg: &'static str, buf: &S, d: &TensorDesc) -> Result<()> {
-    let needed = d.end_byte().ok_or_else(|| shape_err(arg, "view size overflows".into()))?;
+    let needed = d
+        .end_byte()
+        .ok_or_else(|| shape_err(arg, "view size overflows".into()))?;
     let available = buf.len_bytes() as u64;
     if needed > available {
         return Err(Error::OutOfBounds {
@@ -280,7 +282,11 @@ fn index<S: Storage + ?Sized>(arg: &'static str, t: &Tensor<'_, S>) -> Result<In
     if d.rank() != 1 || !d.is_contiguous() {
         return Err(shape_err(
             arg,
-            format!("must be 1-D and contiguous, got shape {:?} strides {:?}", d.shape(), d.strides()),
+            format!(
+                "must be 1-D and contiguous, got shape {:?} strides {:?}",
+                d.shape(),
+                d.strides()
+            ),
         ));
     }
     aligned(arg, d, d.dtype.size())?;
@@ -322,13 +328,20 @@ fn rows<S: Storage + ?Sized>(
         ));
     }
     if d.shape()[0] > 1 && d.strides()[0] < width {
-        return Err(shape_err(arg, format!("row stride {} overlaps rows of {width}", d.strides()[0])));
+        return Err(shape_err(
+            arg,
+            format!("row stride {} overlaps rows of {width}", d.strides()[0]),
+        ));
     }
     aligned(arg, d, 16)?;
     extent(arg, buf, d)?;
     Ok(RowsPlan {
         offset: d.offset,
-        row_stride: if d.shape()[0] > 1 { d.strides()[0] } else { width },
+        row_stride: if d.shape()[0] > 1 {
+            d.strides()[0]
+        } else {
+            width
+        },
         rows: d.shape()[0],
     })
 }
@@ -364,13 +377,19 @@ fn ring<S: Storage + ?Sized>(arg: &'static str, t: &TensorMut<'_, S>) -> Result<
     if cap > 1 && d.strides()[1] % 16 != 0 {
         return Err(shape_err(
             arg,
-            format!("row stride {} must be a multiple of 16 elements (64-byte rows)", d.strides()[1]),
+            format!(
+                "row stride {} must be a multiple of 16 elements (64-byte rows)",
+                d.strides()[1]
+            ),
         ));
     }
     if blocks > 1 && d.strides()[0] % 4 != 0 {
         return Err(shape_err(
             arg,
-            format!("block stride {} must be a multiple of 4 elements (16 bytes)", d.strides()[0]),
+            format!(
+                "block stride {} must be a multiple of 4 elements (16 bytes)",
+                d.strides()[0]
+            ),
         ));
     }
     aligned(arg, d, 16)?;
@@ -394,7 +413,10 @@ fn n_tokens(n: usize, others: &[(&'static str, usize)]) -> Result<()> {
         }
     }
     if n > i32::MAX as usize {
-        return Err(shape_err("slot_mapping", format!("{n} tokens, at most {}", i32::MAX)));
+        return Err(shape_err(
+            "slot_mapping",
+            format!("{n} tokens, at most {}", i32::MAX),
+        ));
     }
     Ok(())
 }
@@ -407,10 +429,18 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
     let kv_score = rows("kv_score", a.kv_score.buf, &a.kv_score.desc, DIM * cr, 16)?;
     let positions = index("positions", &a.positions)?;
     let slots = index("slot_mapping", &a.slot_mapping)?;
-    dtype("rms_norm_weight", &a.rms_norm_weight.desc, &[DType::BF16], "BF16")?;
+    dtype(
+        "rms_norm_weight",
+        &a.rms_norm_weight.desc,
+        &[DType::BF16],
+        "BF16",
+    )?;
     let w = &a.rms_norm_weight.desc;
     if w.shape() != [DIM] || !w.is_contiguous() {
-        return Err(shape_err("rms_norm_weight", format!("expected contiguous [512], got {:?}", w.shape())));
+        return Err(shape_err(
+            "rms_norm_weight",
+            format!("expected contiguous [512], got {:?}", w.shape()),
+        ));
     }
     aligned("rms_norm_weight", w, 16)?;
     extent("rms_norm_weight", a.rms_norm_weight.buf, w)?;
@@ -425,12 +455,19 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
     if ld.shape() != [kv_score.rows, DIM] || !ld.is_contiguous() {
         return Err(shape_err(
             "latent_out",
-            format!("expected contiguous [{}, 512] (kv_score's rows), got {:?}", kv_score.rows, ld.shape()),
+            format!(
+                "expected contiguous [{}, 512] (kv_score's rows), got {:?}",
+                kv_score.rows,
+                ld.shape()
+            ),
         ));
     }
     let latent = rows("latent_out", &*a.latent_out.buf, ld, DIM, 8)?;
     let n = slots.len;
-    n_tokens(n, &[("kv_score", kv_score.rows), ("positions", positions.len)])?;
+    n_tokens(
+        n,
+        &[("kv_score", kv_score.rows), ("positions", positions.len)],
+    )?;
 
     let (mut ring_p, mut qsl, mut ttr, mut prev, mut prev_idx) = (None, None, None, None, None);
     if cr == 2 {
@@ -445,7 +482,10 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
         })?;
         let q = index("query_start_loc", q)?;
         if q.len == 0 {
-            return Err(shape_err("query_start_loc", "needs num_reqs + 1 >= 1 entries".into()));
+            return Err(shape_err(
+                "query_start_loc",
+                "needs num_reqs + 1 >= 1 entries".into(),
+            ));
         }
         qsl = Some(q);
         let t = a.token_to_req_indices.as_ref().ok_or(Error::Missing {
@@ -507,7 +547,10 @@ fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
         DType::U8 => {
             let w = *d.shape().last().unwrap_or(&0);
             RecordLayout::from_record_width(w).ok_or_else(|| {
-                shape_err(arg, format!("unsupported paged KV record width {w}; expected 584, 528 or 288"))
+                shape_err(
+                    arg,
+                    format!("unsupported paged KV record width {w}; expected 584, 528 or 288"),
+                )
             })?
         }
         DType::BF16 => RecordLayout::Bf16Rows,
@@ -536,9 +579,19 @@ fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
         }
         blocks = d.shape()[0];
         block_size = d.shape()[1];
-        block_stride = if blocks > 1 { d.strides()[0] } else { block_size * w };
+        block_stride = if blocks > 1 {
+            d.strides()[0]
+        } else {
+            block_size * w
+        };
         if block_stride < block_size * w {
-            return Err(shape_err(arg, format!("block stride {block_stride} is below a page of {}", block_size * w)));
+            return Err(shape_err(
+                arg,
+                format!(
+                    "block stride {block_stride} is below a page of {}",
+                    block_size * w
+                ),
+            ));
         }
         row_stride = layout.value_bytes();
     } else {
@@ -556,10 +609,24 @@ fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
         }
         blocks = d.shape()[0];
         block_size = d.shape()[1];
-        row_stride = if block_size > 1 { d.strides()[1] * esz } else { DIM * esz };
-        block_stride = if blocks > 1 { d.strides()[0] * esz } else { block_size * row_stride };
+        row_stride = if block_size > 1 {
+            d.strides()[1] * esz
+        } else {
+            DIM * esz
+        };
+        block_stride = if blocks > 1 {
+            d.strides()[0] * esz
+        } else {
+            block_size * row_stride
+        };
         if block_size > 1 && row_stride < DIM * esz {
-            return Err(shape_err(arg, format!("row stride {} elements overlaps rows of 512", d.strides()[1])));
+            return Err(shape_err(
+                arg,
+                format!(
+                    "row stride {} elements overlaps rows of 512",
+                    d.strides()[1]
+                ),
+            ));
         }
     }
     if block_stride % 16 != 0 || row_stride % 16 != 0 {
@@ -569,7 +636,10 @@ fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
         ));
     }
     if block_size == 0 {
-        return Err(shape_err(arg, "block_size (dim 1) must be at least 1".into()));
+        return Err(shape_err(
+            arg,
+            "block_size (dim 1) must be at least 1".into(),
+        ));
     }
     aligned(arg, d, 16)?;
     extent(arg, &*kv.buf, d)?;
@@ -585,11 +655,20 @@ fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
 
 fn cos_sin<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<(RowsPlan, bool)> {
     let d = &t.desc;
-    dtype("cos_sin_cache", d, &[DType::F32, DType::BF16], "F32 or BF16")?;
+    dtype(
+        "cos_sin_cache",
+        d,
+        &[DType::F32, DType::BF16],
+        "F32 or BF16",
+    )?;
     if d.rank() != 2 || d.shape()[1] < 64 || d.strides()[1] != 1 {
         return Err(shape_err(
             "cos_sin_cache",
-            format!("expected [max_pos, >= 64] with unit inner stride, got shape {:?} strides {:?}", d.shape(), d.strides()),
+            format!(
+                "expected [max_pos, >= 64] with unit inner stride, got shape {:?} strides {:?}",
+                d.shape(),
+                d.strides()
+            ),
         ));
     }
     aligned("cos_sin_cache", d, d.dtype.size())?;
@@ -597,19 +676,29 @@ fn cos_sin<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<(RowsPlan, bool)> {
     Ok((
         RowsPlan {
             offset: d.offset,
-            row_stride: if d.shape()[0] > 1 { d.strides()[0] } else { d.shape()[1] },
+            row_stride: if d.shape()[0] > 1 {
+                d.strides()[0]
+            } else {
+                d.shape()[1]
+            },
             rows: d.shape()[0],
         },
         d.dtype == DType::BF16,
     ))
 }
 
-fn fp8_scale<S: Storage + ?Sized>(layout: RecordLayout, t: &Option<Tensor<'_, S>>) -> Result<Option<usize>> {
+fn fp8_scale<S: Storage + ?Sized>(
+    layout: RecordLayout,
+    t: &Option<Tensor<'_, S>>,
+) -> Result<Option<usize>> {
     match (layout, t) {
         (RecordLayout::Fp8Rows, Some(t)) => {
             dtype("fp8_scale", &t.desc, &[DType::F32], "F32")?;
             if t.desc.numel() != 1 {
-                return Err(shape_err("fp8_scale", format!("expected one element, got shape {:?}", t.desc.shape())));
+                return Err(shape_err(
+                    "fp8_scale",
+                    format!("expected one element, got shape {:?}", t.desc.shape()),
+                ));
             }
             aligned("fp8_scale", &t.desc, 4)?;
             extent("fp8_scale", t.buf, &t.desc)?;
@@ -640,7 +729,10 @@ pub fn plan_insert<S: Storage + ?Sized>(a: &InsertArgs<'_, S>) -> Result<InsertP
     let (cs, cs_bf16) = cos_sin(&a.cos_sin_cache)?;
     let cache = cache(&a.kv_cache)?;
     let fp8 = fp8_scale(cache.layout, &a.fp8_scale)?;
-    n_tokens(slots.len, &[("latent", latent.rows), ("positions", positions.len)])?;
+    n_tokens(
+        slots.len,
+        &[("latent", latent.rows), ("positions", positions.len)],
+    )?;
     Ok(InsertPlan {
         n: slots.len,
         compress_ratio: a.compress_ratio,
@@ -662,7 +754,10 @@ pub fn plan_ring_rows<S: Storage + ?Sized>(a: &RingArgs<'_, S>) -> Result<RingRo
     if slots.len != r.rows {
         return Err(shape_err(
             "slot_mapping",
-            format!("has {} entries, expected one per row of rows ({})", slots.len, r.rows),
+            format!(
+                "has {} entries, expected one per row of rows ({})",
+                slots.len, r.rows
+            ),
         ));
     }
     let ring = ring("state_cache", &a.state_cache)?;
@@ -682,7 +777,10 @@ pub fn plan_fused<S: Storage + ?Sized>(a: &FusedArgs<'_, S>) -> Result<FusedPlan
     if slots.len != compress.n {
         return Err(shape_err(
             "cache_slot_mapping",
-            format!("has {} entries, expected slot_mapping's {}", slots.len, compress.n),
+            format!(
+                "has {} entries, expected slot_mapping's {}",
+                slots.len, compress.n
+            ),
         ));
     }
     let (cs, cs_bf16) = cos_sin(&a.cos_sin_cache)?;

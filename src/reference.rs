@@ -41,7 +41,12 @@ pub fn rotate(latent: &[u16; DIM], cos: &[f32; 32], sin: &[f32; 32]) -> [f32; DI
         } else {
             (1.0, 0.0)
         };
-        let (a, b) = rope_pair(bf16_to_f32(latent[2 * k]), bf16_to_f32(latent[2 * k + 1]), c, s);
+        let (a, b) = rope_pair(
+            bf16_to_f32(latent[2 * k]),
+            bf16_to_f32(latent[2 * k + 1]),
+            c,
+            s,
+        );
         r[2 * k] = a;
         r[2 * k + 1] = b;
     }
@@ -123,8 +128,11 @@ pub fn encode_record(
                 *v = bf16_to_f32(latent[i]);
             }
             for b in 0..7 {
-                rec.scales[b] =
-                    quantize_fp8_block(&x[64 * b..64 * b + 64], &mut rec.values[64 * b..64 * b + 64], sanitize);
+                rec.scales[b] = quantize_fp8_block(
+                    &x[64 * b..64 * b + 64],
+                    &mut rec.values[64 * b..64 * b + 64],
+                    sanitize,
+                );
             }
             rec.scales[7] = 0;
             for i in NOPE_DIM..DIM {
@@ -136,14 +144,18 @@ pub fn encode_record(
         RecordLayout::Mxfp8 => {
             let r = r.map(|v| sanitized(v, sanitize));
             for b in 0..16 {
-                rec.scales[b] =
-                    quantize_fp8_block(&r[32 * b..32 * b + 32], &mut rec.values[32 * b..32 * b + 32], sanitize);
+                rec.scales[b] = quantize_fp8_block(
+                    &r[32 * b..32 * b + 32],
+                    &mut rec.values[32 * b..32 * b + 32],
+                    sanitize,
+                );
             }
         }
         RecordLayout::Nvfp4 => {
             let r = r.map(|v| sanitized(v, sanitize));
             for t in 0..32 {
-                rec.scales[t] = quantize_nvfp4_tile(&r[16 * t..16 * t + 16], &mut rec.values[8 * t..8 * t + 8]);
+                rec.scales[t] =
+                    quantize_nvfp4_tile(&r[16 * t..16 * t + 16], &mut rec.values[8 * t..8 * t + 8]);
             }
         }
         RecordLayout::Bf16Rows => {

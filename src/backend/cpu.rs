@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::formats::bf16_to_f32;
 use crate::layout::{RecordLayout, DIM};
 use crate::ops::{
-    plan_compress, plan_fused, plan_insert, plan_ring_rows, CachePlan, CompressArgs, CompressPlan, FusedArgs,
-    IndexPlan, InsertArgs, InsertPlan, RingArgs, RingPlan, RowsPlan, SkipCounts,
+    plan_compress, plan_fused, plan_insert, plan_ring_rows, CachePlan, CompressArgs, CompressPlan,
+    FusedArgs, IndexPlan, InsertArgs, InsertPlan, RingArgs, RingPlan, RowsPlan, SkipCounts,
 };
 use crate::reference::{encode_record, pool_rows, rms_norm, Record};
 use rayon::prelude::*;
@@ -185,7 +185,10 @@ fn cr2_latent(c: &CompressIn<'_>, t: usize) -> Latent {
     if (pos + 1) % 2 != 0 {
         return Latent::None;
     }
-    let (qsl, ttr) = (c.qsl.expect("CR2 has query_start_loc"), c.ttr.expect("CR2 has token_to_req"));
+    let (qsl, ttr) = (
+        c.qsl.expect("CR2 has query_start_loc"),
+        c.ttr.expect("CR2 has token_to_req"),
+    );
     let r = ttr.at(t);
     if r < 0 || r >= qsl.reqs() as i64 {
         return skip(0, 0, 1);
@@ -238,7 +241,13 @@ fn cr1_latent(c: &CompressIn<'_>, t: usize) -> Latent {
 fn compute_latents(c: &CompressIn<'_>) -> (Vec<Option<[u16; DIM]>>, SkipCounts) {
     let res: Vec<Latent> = (0..c.p.n)
         .into_par_iter()
-        .map(|t| if c.p.compress_ratio == 1 { cr1_latent(c, t) } else { cr2_latent(c, t) })
+        .map(|t| {
+            if c.p.compress_ratio == 1 {
+                cr1_latent(c, t)
+            } else {
+                cr2_latent(c, t)
+            }
+        })
         .collect();
     let mut counts = SkipCounts::default();
     let rows = res
@@ -287,7 +296,10 @@ fn ring_stores(c: &CompressIn<'_>, counts: &mut SkipCounts) -> Vec<(usize, usize
                 continue;
             }
             let dst = ring_row_offset(&ring, block as usize, (slot % cap) as usize);
-            out.push((dst, p.kv_score.offset + 4 * (u as usize) * p.kv_score.row_stride));
+            out.push((
+                dst,
+                p.kv_score.offset + 4 * (u as usize) * p.kv_score.row_stride,
+            ));
         }
     }
     out
@@ -408,7 +420,12 @@ fn insert_one(c: &InsertIn<'_>, latent: Option<&[u16; DIM]>, t: usize) -> Insert
     Insert::Write(cache_dest(&p.cache, slot), Box::new(rec))
 }
 
-fn apply_inserts(layout: RecordLayout, cache: &mut [u8], results: Vec<Insert>, counts: &mut SkipCounts) {
+fn apply_inserts(
+    layout: RecordLayout,
+    cache: &mut [u8],
+    results: Vec<Insert>,
+    counts: &mut SkipCounts,
+) {
     let (v, s) = (layout.value_bytes(), layout.scale_bytes());
     for r in results {
         match r {
@@ -452,9 +469,21 @@ fn bind_compress<'a>(p: &'a CompressPlan, a: &'a CompressArgs<'_, Vec<u8>>) -> C
         prev: a.prev_rows.as_ref().map(|t| t.buf.as_slice()),
         positions: Ix::new(a.positions.buf, p.positions),
         slots: Ix::new(a.slot_mapping.buf, p.slots),
-        qsl: a.query_start_loc.as_ref().zip(p.query_start_loc).map(|(t, q)| Ix::new(t.buf, q)),
-        ttr: a.token_to_req_indices.as_ref().zip(p.token_to_req).map(|(t, q)| Ix::new(t.buf, q)),
-        pri: a.prev_row_indices.as_ref().zip(p.prev_row_indices).map(|(t, q)| Ix::new(t.buf, q)),
+        qsl: a
+            .query_start_loc
+            .as_ref()
+            .zip(p.query_start_loc)
+            .map(|(t, q)| Ix::new(t.buf, q)),
+        ttr: a
+            .token_to_req_indices
+            .as_ref()
+            .zip(p.token_to_req)
+            .map(|(t, q)| Ix::new(t.buf, q)),
+        pri: a
+            .prev_row_indices
+            .as_ref()
+            .zip(p.prev_row_indices)
+            .map(|(t, q)| Ix::new(t.buf, q)),
     }
 }
 
@@ -527,7 +556,12 @@ impl Backend for CpuBackend {
             sanitize: self.sanitize,
             inv_fp8: inv_fp8_scale(&p, a.fp8_scale.as_ref().map(|t| t.buf.as_slice())),
         };
-        let results: Vec<Insert> = self.run(|| (0..p.n).into_par_iter().map(|t| insert_one(&c, None, t)).collect());
+        let results: Vec<Insert> = self.run(|| {
+            (0..p.n)
+                .into_par_iter()
+                .map(|t| insert_one(&c, None, t))
+                .collect()
+        });
         let mut counts = SkipCounts::default();
         apply_inserts(p.cache.layout, a.kv_cache.buf, results, &mut counts);
         self.count(counts);
@@ -578,7 +612,10 @@ impl Backend for CpuBackend {
                 let inserts: Vec<Insert> = latents
                     .par_iter()
                     .enumerate()
-                    .map(|(t, l)| l.as_ref().map_or(Insert::None, |l| insert_one(&ins, Some(l), t)))
+                    .map(|(t, l)| {
+                        l.as_ref()
+                            .map_or(Insert::None, |l| insert_one(&ins, Some(l), t))
+                    })
                     .collect();
                 (latents, counts, inserts)
             });

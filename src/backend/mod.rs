@@ -5,6 +5,10 @@
 //! the same arguments with the same error, before writing anything.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "hip")]
+pub mod hip;
 
 use crate::error::Result;
 use crate::ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};

@@ -1,0 +1,42 @@
+// Portable device vocabulary for the dsv4-kvcache kernels: the CUDA side.
+//
+// Same names and semantics as ../kernels-hip/prelude.h; the kernels use only
+// these. nvcc pre-includes cuda_runtime.h, so only <stdint.h> is needed here.
+//
+// Numerics: build.rs compiles with -fmad=false -prec-div=true -prec-sqrt=true
+// -ftz=false; the explicit _rn intrinsics below keep that true even if a
+// caller's flags differ.
+#pragma once
+
+#include <stdint.h>
+
+#define KV_KERNEL extern "C" __global__
+#define KV_DEVICE __device__ __forceinline__
+#define KV_SHARED __shared__
+#define KV_RESTRICT __restrict__
+#define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n, 2)
+
+KV_DEVICE unsigned kv_tid() { return threadIdx.x; }
+KV_DEVICE unsigned kv_bid() { return blockIdx.x; }
+KV_DEVICE unsigned kv_bdim() { return blockDim.x; }
+KV_DEVICE unsigned kv_gdim() { return gridDim.x; }
+KV_DEVICE void kv_sync() { __syncthreads(); }
+
+// Butterfly exchange with lane ^ mask, mask in {1,2,4,8,16}; the whole warp
+// must be active (same contract as the AMD version).
+KV_DEVICE uint32_t kv_shfl_xor_u32(uint32_t v, int mask) {
+    return __shfl_xor_sync(0xffffffffu, v, mask, 32);
+}
+KV_DEVICE float kv_shfl_xor(float v, int mask) {
+    return __shfl_xor_sync(0xffffffffu, v, mask, 32);
+}
+
+// Device-scope relaxed atomic add; returns the old value.
+KV_DEVICE unsigned kv_atomic_add_u32(unsigned* p, unsigned v) { return atomicAdd(p, v); }
+
+KV_DEVICE float kv_fmaf(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+KV_DEVICE float kv_sqrtf(float x) { return __fsqrt_rn(x); }
+KV_DEVICE float kv_divf(float a, float b) { return __fdiv_rn(a, b); }
+
+KV_DEVICE uint32_t kv_f2u(float f) { return __float_as_uint(f); }
+KV_DEVICE float kv_u2f(uint32_t u) { return __uint_as_float(u); }

@@ -1,0 +1,80 @@
+// Bit-exact number formats, device side. Twin of src/formats.rs: every
+// function here mirrors the Rust function of the same name without the
+// `kv_` prefix, operation for operation. Integer arithmetic on IEEE bits, so
+// no vendor conversion instruction (whose NaN and saturation rules differ)
+// decides a bit.
+#pragma once
+
+// f32 -> BF16 bits, round to nearest even; every NaN -> 0x7FFF.
+KV_DEVICE uint16_t kv_bf16_from_f32(float x) {
+    uint32_t b = kv_f2u(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+    uint32_t lsb = (b >> 16) & 1u;
+    return (uint16_t)((b + 0x7fffu + lsb) >> 16);
+}
+
+KV_DEVICE float kv_bf16_to_f32(uint16_t h) { return kv_u2f(((uint32_t)h) << 16); }
+
+// |x| * 2^9 rounded to nearest even, for |x| < 2^-6 given as abs bits.
+KV_DEVICE uint8_t kv_e4m3_subnormal_code(uint32_t a) {
+    int e = (int)(a >> 23);
+    uint32_t sig = e == 0 ? (a & 0x7fffffu) : ((a & 0x7fffffu) | 0x800000u);
+    int e_eff = e == 0 ? 1 : e;
+    uint32_t shift = (uint32_t)(127 + 23 - 9 - e_eff);
+    if (shift >= 32u) return 0;
+    uint32_t q = sig >> shift;
+    uint32_t rem = sig & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    uint32_t up = (rem > half || (rem == half && (q & 1u) == 1u)) ? 1u : 0u;
+    return (uint8_t)(q + up);
+}
+
+// f32 -> e4m3fn, RNE, saturating to +-448 (infinity too); NaN -> 0x7F.
+KV_DEVICE uint8_t kv_e4m3_from_f32(float x) {
+    uint32_t b = kv_f2u(x);
+    uint8_t sign = (uint8_t)((b >> 24) & 0x80u);
+    uint32_t a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7f;
+    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu);
+    if (a < 0x3c800000u) return (uint8_t)(sign | kv_e4m3_subnormal_code(a));
+    int exp = (int)(a >> 23) - 127 + 7;
+    uint32_t man = a & 0x7fffffu;
+    uint32_t keep = man >> 20;
+    uint32_t rem = man & 0xfffffu;
+    uint32_t up = (rem > 0x80000u || (rem == 0x80000u && (keep & 1u) == 1u)) ? 1u : 0u;
+    return (uint8_t)(sign | (uint8_t)((((uint32_t)exp) << 3) + keep + up));
+}
+
+// e4m3fn -> f32 for the finite, positive codes the kernels decode (NVFP4 tile
+// scales): exact.
+KV_DEVICE float kv_e4m3_to_f32(uint8_t c) {
+    uint32_t e = (c >> 3) & 0xfu;
+    uint32_t m = c & 7u;
+    float sign = (c & 0x80u) ? -1.0f : 1.0f;
+    if (e == 0) return sign * (float)m * (1.0f / 512.0f);
+    // (8 + m) * 2^(e - 10), built exactly from the bits.
+    return sign * kv_u2f(((e + 120u) << 23) | (m << 20));
+}
+
+// FP4 e2m1 code: magnitudes 0,.5,1,1.5,2,3,4,6 -> 0..7, ties to the even
+// code, saturating; bit 3 = sign of q; NaN -> 0.
+KV_DEVICE uint8_t kv_e2m1_from_f32(float q) {
+    uint32_t b = kv_f2u(q);
+    uint32_t a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0;
+    uint8_t sign = (uint8_t)((b >> 28) & 8u);
+    float m = kv_u2f(a);
+    uint8_t code;
+    if (m <= 0.25f) code = 0;
+    else if (m < 0.75f) code = 1;
+    else if (m <= 1.25f) code = 2;
+    else if (m < 1.75f) code = 3;
+    else if (m <= 2.5f) code = 4;
+    else if (m < 3.5f) code = 5;
+    else if (m <= 5.0f) code = 6;
+    else code = 7;
+    return (uint8_t)(sign | code);
+}
+
+// 2^e for -126 <= e <= 127, from the exponent bits.
+KV_DEVICE float kv_pow2(int e) { return kv_u2f(((uint32_t)(e + 127)) << 23); }

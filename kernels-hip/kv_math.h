@@ -1,0 +1,117 @@
+// The shared math, device side. Twin of src/math.rs: each kv_name mirrors
+// math::name operation for operation (build.rs turns off FP contraction, so
+// only kv_fmaf fuses). No libm: the kernels are built with -nogpulib.
+#pragma once
+
+#define KV_INV_448 kv_u2f(0x3b124925u)
+#define KV_INV_6 kv_u2f(0x3e2aaaabu)
+#define KV_AMAX_FLOOR kv_u2f(0x38d1b717u)
+#define KV_NVFP4_SCALE_MIN kv_u2f(0x3b000000u)
+#define KV_LOG2E kv_u2f(0x3fb8aa3bu)
+#define KV_LN2_HI kv_u2f(0x3f317200u)
+#define KV_LN2_LO kv_u2f(0x35bfbe8eu)
+#define KV_ROUND_MAGIC 12582912.0f
+
+KV_DEVICE bool kv_isnan(float x) { return (kv_f2u(x) & 0x7fffffffu) > 0x7f800000u; }
+KV_DEVICE float kv_fabs(float x) { return kv_u2f(kv_f2u(x) & 0x7fffffffu); }
+KV_DEVICE float kv_copysign(float m, float s) {
+    return kv_u2f((kv_f2u(m) & 0x7fffffffu) | (kv_f2u(s) & 0x80000000u));
+}
+
+// e^x: Cody-Waite reduction, degree-7 Taylor by Horner in fma, scaling by 2^n.
+KV_DEVICE float kv_exp(float x) {
+    if (kv_isnan(x)) return kv_u2f(0x7fc00000u);
+    if (x > 88.72284f) return kv_u2f(0x7f800000u);
+    if (x < -103.97208f) return 0.0f;
+    float t = x * KV_LOG2E;
+    float n = (t + KV_ROUND_MAGIC) - KV_ROUND_MAGIC;
+    float r = kv_fmaf(n, -KV_LN2_HI, x);
+    r = kv_fmaf(n, -KV_LN2_LO, r);
+    float p = kv_u2f(0x39500d01u);        // 1/5040
+    p = kv_fmaf(p, r, kv_u2f(0x3ab60b61u));  // 1/720
+    p = kv_fmaf(p, r, kv_u2f(0x3c088889u));  // 1/120
+    p = kv_fmaf(p, r, kv_u2f(0x3d2aaaabu));  // 1/24
+    p = kv_fmaf(p, r, kv_u2f(0x3e2aaaabu));  // 1/6
+    p = kv_fmaf(p, r, 0.5f);
+    p = kv_fmaf(p, r, 1.0f);
+    p = kv_fmaf(p, r, 1.0f);
+    int ni = (int)n;
+    if (ni < -126) return (p * kv_pow2(ni + 100)) * kv_pow2(-100);
+    if (ni > 127) return (p * kv_pow2(ni - 1)) * 2.0f;
+    return p * kv_pow2(ni);
+}
+
+// max/min ignoring a NaN operand (NVIDIA max.f32/min.f32).
+KV_DEVICE float kv_max_nan_ignoring(float a, float b) {
+    if (kv_isnan(a)) return b;
+    if (kv_isnan(b) || a >= b) return a;
+    return b;
+}
+KV_DEVICE float kv_min_nan_ignoring(float a, float b) {
+    if (kv_isnan(a)) return b;
+    if (kv_isnan(b) || a <= b) return a;
+    return b;
+}
+
+// copysign(min(|v|, 448), v); NaN -> +448.
+KV_DEVICE float kv_clamp_e4m3(float v) {
+    if (kv_isnan(v)) return 448.0f;
+    float a = kv_fabs(v);
+    float m = a < 448.0f ? a : 448.0f;
+    return kv_copysign(m, v);
+}
+
+// Largest j with log2(1 + j 2^-23) < 2^-q, for q = 18..25 (see math.rs).
+KV_DEVICE uint32_t kv_log2_rounds_down(int q) {
+    switch (q) {
+        case 18: return 22u;
+        case 19: return 11u;
+        case 20: return 5u;
+        case 21: return 2u;
+        case 22: return 1u;
+        default: return 0u;
+    }
+}
+
+// ceil(log2f(x)) for the block scale; returns false for an infinite x.
+KV_DEVICE bool kv_block_scale_exponent(float x, int* out) {
+    uint32_t bits = kv_f2u(x);
+    int biased = (int)((bits >> 23) & 0xffu);
+    if (biased == 0xff) return false;
+    int k = biased - 127;
+    uint32_t f = bits & 0x7fffffu;
+    if (f == 0) { *out = k; return true; }
+    if (k == 0) { *out = 1; return true; }
+    uint32_t ak = (uint32_t)(k < 0 ? -k : k);
+    int fl = 31 - __builtin_clz(ak);
+    bool pow2 = (ak & (ak - 1u)) == 0u;
+    int q = (k < 0 && pow2) ? 25 - fl : 24 - fl;
+    *out = f <= kv_log2_rounds_down(q) ? k : k + 1;
+    return true;
+}
+
+KV_DEVICE uint8_t kv_ue8m0_scale_byte(bool finite, int e, bool sanitize) {
+    int hi = sanitize ? 254 : 255;
+    if (!finite) return (uint8_t)hi;
+    int v = e + 127;
+    v = v < 0 ? 0 : (v > hi ? hi : v);
+    return (uint8_t)v;
+}
+
+KV_DEVICE float kv_block_scale_multiplier(bool finite, int e) {
+    return finite ? kv_pow2(-e) : 0.0f;
+}
+
+// Softmax pooling of two rows' values for one dim.
+KV_DEVICE float kv_pool2(float kv0, float s0, float kv1, float s1) {
+    float m = kv_max_nan_ignoring(s0, s1);
+    float w0 = kv_exp(s0 - m);
+    float w1 = kv_exp(s1 - m);
+    return kv_divf(kv0 * w0 + kv1 * w1, w0 + w1);
+}
+
+// GPT-J rotation of one pair.
+KV_DEVICE void kv_rope_pair(float e, float o, float c, float s, float* re, float* ro) {
+    *re = kv_fmaf(e, c, -(o * s));
+    *ro = kv_fmaf(o, c, e * s);
+}

@@ -1,0 +1,425 @@
+//! Checks the kernels that build.rs embedded, without a GPU:
+//!
+//! * every AMDGPU code object is an ELF64 for EM_AMDGPU whose e_flags name its
+//!   target, defines every kernel (a `.kd` symbol and an entry in the
+//!   NT_AMDGPU_METADATA note), has no undefined symbols, and every kernel has no
+//!   scratch (private segment), no spills and no dynamic stack;
+//! * the CUDA fatbin holds SASS for every target and ptxas reported no stack
+//!   frame and no spills for any function.
+//!
+//! A backend whose kernels were not embedded prints `SKIPPED: <why>`, unless
+//! `DSV4_KVCACHE_REQUIRE_KERNELS=1`, where that is a failure.
+
+use dsv4_kvcache::kernels;
+use object::elf;
+use object::read::elf::{FileHeader, SectionHeader, Sym};
+use object::Endianness;
+use rmpv::Value;
+use std::io::Write as _;
+
+/// The kernels every build must contain: the ABI's list, except while
+/// `kernels-hip/kvcache.hip` is still the build-system placeholder (which has
+/// only `kv_selftest`); that case is announced loudly.
+fn kernel_names() -> &'static [&'static str] {
+    const SOURCE: &str = include_str!("../kernels-hip/kvcache.hip");
+    static NOTE: std::sync::Once = std::sync::Once::new();
+    if SOURCE.starts_with("// PLACEHOLDER") {
+        NOTE.call_once(|| {
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** NOTE: kernels-hip/kvcache.hip is the PLACEHOLDER source; checking \
+                 kv_selftest instead of kernel_abi::KERNEL_NAMES ***\n"
+            );
+        });
+        &["kv_selftest"]
+    } else {
+        dsv4_kvcache::kernel_abi::KERNEL_NAMES
+    }
+}
+
+const NT_AMDGPU_METADATA: u32 = 32;
+const EF_AMDGPU_MACH: u32 = 0xff;
+
+/// e_flags mach values of the AMDGPU processors this crate may target.
+fn amdgpu_mach(arch: &str) -> Option<u32> {
+    Some(match arch {
+        "gfx908" => 0x30,
+        "gfx90a" => 0x3f,
+        "gfx940" => 0x40,
+        "gfx941" => 0x4b,
+        "gfx942" => 0x4c,
+        "gfx950" => 0x4f,
+        "gfx1100" => 0x41,
+        "gfx1200" => 0x48,
+        "gfx1201" => 0x4e,
+        _ => return None,
+    })
+}
+
+fn require_kernels() -> bool {
+    std::env::var("DSV4_KVCACHE_REQUIRE_KERNELS").is_ok_and(|v| v.trim() == "1")
+}
+
+fn env_list(var: &str, default: &str) -> Vec<String> {
+    std::env::var(var)
+        .unwrap_or_else(|_| default.to_string())
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.split(':').next().unwrap_or(s).to_string())
+        .collect()
+}
+
+/// Prints a loud SKIPPED line, or fails when kernels are required.
+fn skip_or_fail(backend: &str, what: &str) {
+    let reasons: Vec<&str> = kernels::missing_reasons()
+        .iter()
+        .copied()
+        .filter(|r| r.starts_with(backend))
+        .collect();
+    let why = if reasons.is_empty() {
+        "this target was not in the build's target list".to_string()
+    } else {
+        reasons.join("; ")
+    };
+    assert!(
+        !require_kernels(),
+        "DSV4_KVCACHE_REQUIRE_KERNELS=1 but {what} is not embedded: {why}"
+    );
+    // Straight to the stderr handle: the test harness does not capture it, so the
+    // line shows in a plain `cargo test` run, not only with --nocapture.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED: {what} is not embedded in this build: {why} ***\n"
+    );
+}
+
+// ------------------------------------------------------------------- HIP ----
+
+/// What the metadata note says about one kernel.
+#[derive(Debug)]
+struct KernelMeta {
+    name: String,
+    symbol: String,
+    vgpr: u64,
+    sgpr: u64,
+    agpr: u64,
+    lds: u64,
+    private_segment: u64,
+    sgpr_spill: u64,
+    vgpr_spill: u64,
+    dynamic_stack: bool,
+}
+
+fn field<'a>(map: &'a [(Value, Value)], key: &str) -> Option<&'a Value> {
+    map.iter()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .map(|(_, v)| v)
+}
+
+fn uint(map: &[(Value, Value)], key: &str, kernel: &str) -> u64 {
+    field(map, key)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("kernel {kernel}: metadata lacks integer {key}"))
+}
+
+fn parse_metadata(arch: &str, desc: &[u8]) -> Vec<KernelMeta> {
+    let root = rmpv::decode::read_value(&mut &desc[..]).expect("NT_AMDGPU_METADATA is msgpack");
+    let root = root.as_map().expect("metadata root is a map");
+    // e.g. "amdgcn-amd-amdhsa--gfx942" (a feature suffix may follow).
+    let target = field(root, "amdhsa.target")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    assert!(
+        target.split("--").nth(1).and_then(|t| t.split(':').next()) == Some(arch),
+        "{arch}: metadata amdhsa.target is `{target}`"
+    );
+    let kernels = field(root, "amdhsa.kernels")
+        .and_then(Value::as_array)
+        .expect("metadata has amdhsa.kernels");
+    kernels
+        .iter()
+        .map(|k| {
+            let m = k.as_map().expect("kernel metadata is a map");
+            let name = field(m, ".name")
+                .and_then(Value::as_str)
+                .expect(".name")
+                .to_string();
+            KernelMeta {
+                symbol: field(m, ".symbol")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                vgpr: uint(m, ".vgpr_count", &name),
+                sgpr: uint(m, ".sgpr_count", &name),
+                agpr: field(m, ".agpr_count").and_then(Value::as_u64).unwrap_or(0),
+                lds: uint(m, ".group_segment_fixed_size", &name),
+                private_segment: uint(m, ".private_segment_fixed_size", &name),
+                sgpr_spill: uint(m, ".sgpr_spill_count", &name),
+                vgpr_spill: uint(m, ".vgpr_spill_count", &name),
+                dynamic_stack: field(m, ".uses_dynamic_stack")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                name,
+            }
+        })
+        .collect()
+}
+
+/// Checks one code object; returns its kernels' metadata.
+fn check_code_object(arch: &str, data: &[u8], names: &[&str]) -> Vec<KernelMeta> {
+    let header = elf::FileHeader64::<Endianness>::parse(data)
+        .unwrap_or_else(|e| panic!("{arch}: not an ELF64 code object: {e}"));
+    let endian = header.endian().expect("ELF endianness");
+    assert_eq!(
+        header.e_machine(endian),
+        elf::EM_AMDGPU,
+        "{arch}: e_machine is not EM_AMDGPU"
+    );
+    let mach = header.e_flags(endian) & EF_AMDGPU_MACH;
+    let want = amdgpu_mach(arch).unwrap_or_else(|| panic!("{arch}: no known e_flags mach value"));
+    assert_eq!(
+        mach, want,
+        "{arch}: e_flags mach {mach:#x}, expected {want:#x}"
+    );
+
+    let sections = header.sections(endian, data).expect("section table");
+    // The metadata note.
+    let mut meta = None;
+    for section in sections.iter() {
+        let Some(mut notes) = section.notes(endian, data).expect("note section") else {
+            continue;
+        };
+        while let Some(note) = notes.next().expect("note") {
+            if note.name() == b"AMDGPU" && note.n_type(endian) == NT_AMDGPU_METADATA {
+                meta = Some(parse_metadata(arch, note.desc()));
+            }
+        }
+    }
+    let meta = meta.unwrap_or_else(|| panic!("{arch}: no NT_AMDGPU_METADATA note"));
+
+    // Symbols: each kernel's descriptor, and nothing left undefined.
+    let mut defined = Vec::new();
+    for kind in [elf::SHT_SYMTAB, elf::SHT_DYNSYM] {
+        let table = sections.symbols(endian, data, kind).expect("symbol table");
+        for sym in table.symbols() {
+            let name = sym.name(endian, table.strings()).unwrap_or_default();
+            let name = String::from_utf8_lossy(name).into_owned();
+            if sym.st_shndx(endian) == elf::SHN_UNDEF {
+                assert!(
+                    name.is_empty(),
+                    "{arch}: undefined symbol `{name}` (a libm call?)"
+                );
+            } else {
+                defined.push(name);
+            }
+        }
+    }
+    for &k in names {
+        let kd = format!("{k}.kd");
+        assert!(defined.contains(&kd), "{arch}: no symbol {kd}");
+        let m = meta
+            .iter()
+            .find(|m| m.name == k)
+            .unwrap_or_else(|| panic!("{arch}: kernel {k} missing from the metadata note"));
+        assert_eq!(
+            m.symbol, kd,
+            "{arch}: kernel {k} has descriptor symbol {}",
+            m.symbol
+        );
+    }
+    for m in &meta {
+        let k = &m.name;
+        assert_eq!(
+            m.private_segment, 0,
+            "{arch}: {k} uses {} B of scratch",
+            m.private_segment
+        );
+        assert_eq!(m.sgpr_spill, 0, "{arch}: {k} spills {} SGPRs", m.sgpr_spill);
+        assert_eq!(m.vgpr_spill, 0, "{arch}: {k} spills {} VGPRs", m.vgpr_spill);
+        assert!(!m.dynamic_stack, "{arch}: {k} uses a dynamic stack");
+    }
+    meta
+}
+
+#[test]
+fn hip_code_objects() {
+    let expected = env_list("DSV4_KVCACHE_HIP_ARCHS", "gfx942,gfx950");
+    if let Some(c) = kernels::hip_compiler() {
+        println!("HIP compiler: {c}");
+    }
+    for arch in &expected {
+        let Some(data) = kernels::hip_code_object(arch) else {
+            skip_or_fail("HIP", &format!("the HIP code object for {arch}"));
+            continue;
+        };
+        let meta = check_code_object(arch, data, kernel_names());
+        println!("{arch}: {} bytes, {} kernels", data.len(), meta.len());
+        println!(
+            "  {:<40} {:>5} {:>5} {:>5} {:>7}",
+            "kernel", "vgpr", "sgpr", "agpr", "lds B"
+        );
+        for m in &meta {
+            println!(
+                "  {:<40} {:>5} {:>5} {:>5} {:>7}",
+                m.name, m.vgpr, m.sgpr, m.agpr, m.lds
+            );
+        }
+    }
+    for t in kernels::hip_targets() {
+        assert!(
+            expected.iter().any(|e| e == t),
+            "embedded {t} was not asked for"
+        );
+    }
+}
+
+// ------------------------------------------------------------------ CUDA ----
+
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+
+/// The SM numbers of the SASS (ELF) entries of a fatbin.
+fn fatbin_sass_archs(data: &[u8]) -> Vec<u32> {
+    let u16_at = |o: usize| u16::from_le_bytes(data[o..o + 2].try_into().unwrap());
+    let u32_at = |o: usize| u32::from_le_bytes(data[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap());
+    assert!(data.len() >= 16, "fatbin too short");
+    assert_eq!(u32_at(0), FATBIN_MAGIC, "not a fatbin");
+    let header = usize::from(u16_at(6));
+    let end = header + usize::try_from(u64_at(8)).unwrap();
+    assert!(end <= data.len(), "fatbin size field past the end");
+    let mut archs = Vec::new();
+    let mut off = header;
+    while off < end {
+        let kind = u16_at(off);
+        let entry_header = usize::try_from(u32_at(off + 4)).unwrap();
+        let size = usize::try_from(u64_at(off + 8)).unwrap();
+        if kind == 2 {
+            assert_eq!(
+                &data[off + entry_header..off + entry_header + 4],
+                b"\x7fELF"
+            );
+            archs.push(u32_at(off + 28));
+        }
+        off += entry_header + size;
+    }
+    archs
+}
+
+/// One function of the ptxas -v report.
+#[derive(Debug, Default)]
+struct PtxasEntry {
+    function: String,
+    target: String,
+    registers: Option<u64>,
+    smem: u64,
+    stack: u64,
+    spill_stores: u64,
+    spill_loads: u64,
+}
+
+fn number_before(line: &str, unit: &str) -> Option<u64> {
+    let i = line.find(unit)?;
+    line[..i].split_whitespace().last()?.parse().ok()
+}
+
+fn parse_ptxas(report: &str) -> Vec<PtxasEntry> {
+    let mut out: Vec<PtxasEntry> = Vec::new();
+    let mut target = String::new();
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let mut parts = rest.split('\'');
+            let function = parts.next().unwrap_or_default().to_string();
+            target = parts.nth(1).unwrap_or_default().to_string();
+            out.push(PtxasEntry {
+                function,
+                target: target.clone(),
+                ..Default::default()
+            });
+        } else if let Some(f) = line.split("Function properties for ").nth(1) {
+            let f = f.trim();
+            if !matches!(out.last(), Some(e) if e.function == f) {
+                // A non-inlined device function.
+                out.push(PtxasEntry {
+                    function: f.to_string(),
+                    target: target.clone(),
+                    ..Default::default()
+                });
+            }
+        } else if line.contains("bytes stack frame") {
+            let e = out.last_mut().expect("stack line after a function");
+            e.stack = number_before(line, "bytes stack frame").expect("stack frame");
+            e.spill_stores = number_before(line, "bytes spill stores").expect("spill stores");
+            e.spill_loads = number_before(line, "bytes spill loads").expect("spill loads");
+        } else if line.contains("Used ") && line.contains(" registers") {
+            let e = out.last_mut().expect("register line after a function");
+            e.registers = number_before(line, " registers");
+            e.smem = number_before(line, "bytes smem").unwrap_or(0);
+        }
+    }
+    out
+}
+
+#[test]
+fn cuda_fatbin_and_ptxas_report() {
+    let Some(fatbin) = kernels::cuda_fatbin() else {
+        skip_or_fail("CUDA", "the CUDA fatbin");
+        return;
+    };
+    println!("CUDA compiler: {}", kernels::cuda_compiler().unwrap_or("?"));
+    let mut archs = fatbin_sass_archs(fatbin);
+    archs.sort_unstable();
+    let mut want: Vec<u32> = kernels::cuda_targets()
+        .iter()
+        .map(|t| {
+            t.trim_start_matches("sm_")
+                .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        })
+        .map(|n| n.parse().expect("sm number"))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(archs, want, "fatbin SASS targets");
+
+    let entries = parse_ptxas(kernels::cuda_resource_report());
+    println!(
+        "  {:<40} {:>7} {:>5} {:>7} {:>6} {:>7}",
+        "function", "target", "regs", "smem B", "stack", "spills"
+    );
+    for e in &entries {
+        println!(
+            "  {:<40} {:>7} {:>5} {:>7} {:>6} {:>7}",
+            e.function,
+            e.target,
+            e.registers.map_or("-".into(), |r| r.to_string()),
+            e.smem,
+            e.stack,
+            e.spill_stores + e.spill_loads
+        );
+    }
+    for &k in kernel_names() {
+        for t in kernels::cuda_targets() {
+            assert!(
+                entries.iter().any(|e| e.function == k && e.target == *t),
+                "ptxas report has no entry for kernel {k} on {t}"
+            );
+        }
+    }
+    for e in &entries {
+        assert_eq!(
+            (e.stack, e.spill_stores, e.spill_loads),
+            (0, 0, 0),
+            "{} on {}: stack frame / spill stores / spill loads",
+            e.function,
+            e.target
+        );
+    }
+}
+
+#[test]
+fn missing_reasons_explain_the_fix() {
+    for r in kernels::missing_reasons() {
+        assert!(
+            r.contains("install-toolchains.sh") || r.contains("ARCHS"),
+            "unhelpful reason: {r}"
+        );
+    }
+}
