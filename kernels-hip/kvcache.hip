@@ -303,7 +303,7 @@ KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint8_t out[8]) {
     float amax = kv_fabs(r[0]);
 #pragma unroll
     for (int j = 1; j < 16; ++j) amax = kv_max_nan_ignoring(amax, kv_fabs(r[j]));
-    float t = kv_max_nan_ignoring(kv_min_nan_ignoring(amax * KV_INV_6, 448.0f), KV_NVFP4_SCALE_MIN);
+    float t = kv_min_nan_ignoring(kv_max_nan_ignoring(amax * KV_INV_6, KV_NVFP4_SCALE_MIN), 448.0f);
     uint8_t code = kv_e4m3_from_f32(t);
     float scale = kv_e4m3_to_f32(code);
 #pragma unroll

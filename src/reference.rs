@@ -85,8 +85,9 @@ pub fn quantize_nvfp4_tile(r: &[f32], out: &mut [u8]) -> u8 {
     for &v in &r[1..16] {
         amax = max_nan_ignoring(amax, v.abs());
     }
-    // tl.clamp(x, 2^-9, 448) with NaN-ignoring min then max: NaN gives 448.
-    let t = max_nan_ignoring(min_nan_ignoring(amax * INV_6, 448.0), NVFP4_SCALE_MIN);
+    // tl.clamp(x, 2^-9, 448) compiles to a NaN-ignoring max with the lower
+    // bound, then min with the upper: an all-NaN tile gets the 2^-9 scale.
+    let t = min_nan_ignoring(max_nan_ignoring(amax * INV_6, NVFP4_SCALE_MIN), 448.0);
     let code = e4m3_from_f32(t);
     let scale = e4m3_to_f32(code);
     for k in 0..8 {
