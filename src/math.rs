@@ -259,6 +259,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::needless_range_loop)]
     fn log2_table_matches_exact_arithmetic() {
         // log2(1 + j 2^-23) < 2^-q  <=>  (1 + j 2^-23) < 2^(2^-q). Check each
         // table entry j and j + 1 with f64 logs: the margins are far larger

@@ -3,6 +3,9 @@
 //! over a batch; the kernels in `kernels-hip/kvcache.hip` compute the same
 //! thing with the twins in `formats.h` and `math.h`.
 
+// Index loops mirror the kernels lane by lane, which is the point of this file.
+#![allow(clippy::needless_range_loop)]
+
 use crate::formats::{bf16_from_f32, bf16_to_f32, e2m1_from_f32, e4m3_from_f32, e4m3_to_f32};
 use crate::layout::{RecordLayout, DIM, FIRST_ROPE_PAIR, NOPE_DIM};
 use crate::math::{

@@ -155,7 +155,10 @@ struct CompressIn<'a> {
     pri: Option<Ix<'a>>,
 }
 
-/// What one token contributes to `fused_save_compress_norm`.
+/// What one token contributes to `fused_save_compress_norm`. Unboxed on
+/// purpose: one per token, collected once, so boxing would only add an
+/// allocation per token.
+#[allow(clippy::large_enum_variant)]
 enum Latent {
     None,
     Skip(SkipCounts),
