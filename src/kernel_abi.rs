@@ -229,7 +229,8 @@ pub struct FusedParams {
     pub insert: InsertParams,
 }
 
-/// Device addresses of a compress call's tensors (base + view offset).
+/// Device base addresses of a compress call's buffers (the plan's view
+/// offsets are added by [`compress_params`]).
 #[derive(Debug, Clone, Copy, Default)]
 #[allow(missing_docs)]
 pub struct CompressPtrs {

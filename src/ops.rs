@@ -412,14 +412,19 @@ fn n_tokens(n: usize, others: &[(&'static str, usize)]) -> Result<()> {
             ));
         }
     }
-    if n > i32::MAX as usize {
+    // One 32-lane group per token (and per request): 2^24 of each keeps
+    // grid x block within the u32 work-item count AMD launches allow.
+    if n > MAX_TOKENS {
         return Err(shape_err(
             "slot_mapping",
-            format!("{n} tokens, at most {}", i32::MAX),
+            format!("{n} tokens, at most {MAX_TOKENS} per call"),
         ));
     }
     Ok(())
 }
+
+/// Most tokens (and most requests) one call takes.
+pub const MAX_TOKENS: usize = 1 << 24;
 
 /// Validates `fused_save_compress_norm`'s arguments.
 pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<CompressPlan> {
@@ -481,10 +486,13 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
             problem: "required for compress_ratio 2",
         })?;
         let q = index("query_start_loc", q)?;
-        if q.len == 0 {
+        if q.len == 0 || q.len - 1 > MAX_TOKENS {
             return Err(shape_err(
                 "query_start_loc",
-                "needs num_reqs + 1 >= 1 entries".into(),
+                format!(
+                    "has {} entries; needs num_reqs + 1 with 0 <= num_reqs <= {MAX_TOKENS}",
+                    q.len
+                ),
             ));
         }
         qsl = Some(q);
