@@ -228,7 +228,12 @@ trait Timing<B: Backend> {
     /// Copy rate in bytes (read + written) per second for `bytes`-byte copies.
     fn copy_rate(&self, b: &B, bytes: usize, replays: usize) -> Result<f64>;
     /// Host time of one eager launch in µs (mean of `calls`, no wait between).
-    fn host_launch_us(&self, b: &B, calls: usize, f: &mut dyn FnMut(&B) -> Result<()>) -> Result<f64>;
+    fn host_launch_us(
+        &self,
+        b: &B,
+        calls: usize,
+        f: &mut dyn FnMut(&B) -> Result<()>,
+    ) -> Result<f64>;
 }
 
 /// Wall-clock timing, for the CPU.
@@ -253,7 +258,9 @@ impl Timing<CpuBackend> for WallClock {
         let t0 = Instant::now();
         f(b)?;
         let one = t0.elapsed().as_secs_f64();
-        let launches = launches.min(((0.02 / one.max(1e-9)) as usize).max(1)).max(1);
+        let launches = launches
+            .min(((0.02 / one.max(1e-9)) as usize).max(1))
+            .max(1);
         let mut out = Vec::with_capacity(replays);
         for _ in 0..replays {
             let t = Instant::now();
@@ -442,7 +449,12 @@ mod hip_wiring {
 /// A subcommand's work, generic over the backend it runs on.
 trait Job {
     type Out;
-    fn run<B: Backend, T: Timing<B>>(self, b: &mut B, timing: &T, notes: &[String]) -> Result<Self::Out>;
+    fn run<B: Backend, T: Timing<B>>(
+        self,
+        b: &mut B,
+        timing: &T,
+        notes: &[String],
+    ) -> Result<Self::Out>;
 }
 
 #[cfg(any(not(feature = "cuda"), not(feature = "hip")))]
@@ -463,7 +475,10 @@ fn try_cuda<J: Job>(job: J, notes: &[String]) -> std::result::Result<Result<J::O
 
 #[cfg(not(feature = "cuda"))]
 fn try_cuda<J: Job>(job: J, _notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
-    Err((job, unavailable("cuda", "this binary was built without the `cuda` feature")))
+    Err((
+        job,
+        unavailable("cuda", "this binary was built without the `cuda` feature"),
+    ))
 }
 
 #[cfg(feature = "hip")]
@@ -476,7 +491,10 @@ fn try_hip<J: Job>(job: J, notes: &[String]) -> std::result::Result<Result<J::Ou
 
 #[cfg(not(feature = "hip"))]
 fn try_hip<J: Job>(job: J, _notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
-    Err((job, unavailable("hip", "this binary was built without the `hip` feature")))
+    Err((
+        job,
+        unavailable("hip", "this binary was built without the `hip` feature"),
+    ))
 }
 
 fn cpu_backend() -> Result<CpuBackend> {
@@ -618,7 +636,8 @@ fn info() -> CliResult<()> {
     println!(
         "  {}={}",
         detect::SANITIZE_ENV,
-        raw.as_deref().map_or("(unset)".to_string(), |v| format!("{v:?}"))
+        raw.as_deref()
+            .map_or("(unset)".to_string(), |v| format!("{v:?}"))
     );
     match SanitizePolicy::from_env() {
         Ok(p) => {
@@ -664,12 +683,21 @@ fn verify_cmd(args: &[String]) -> CliResult<()> {
         return Err(CliError::Usage("verify needs at least one FILE".into()));
     }
     let choice = o.backend()?;
-    let (mismatched, errors) = with_backend(choice, VerifyJob { files: o.positional })?;
+    let (mismatched, errors) = with_backend(
+        choice,
+        VerifyJob {
+            files: o.positional,
+        },
+    )?;
     if errors > 0 {
-        return Err(CliError::Lib(Error::Vectors(format!("{errors} file(s) could not be replayed"))));
+        return Err(CliError::Lib(Error::Vectors(format!(
+            "{errors} file(s) could not be replayed"
+        ))));
     }
     if mismatched > 0 {
-        return Err(CliError::Check(format!("{mismatched} file(s) differ from their expected outputs")));
+        return Err(CliError::Check(format!(
+            "{mismatched} file(s) differ from their expected outputs"
+        )));
     }
     Ok(())
 }
@@ -680,7 +708,12 @@ struct VerifyJob {
 
 impl Job for VerifyJob {
     type Out = (usize, usize);
-    fn run<B: Backend, T: Timing<B>>(self, b: &mut B, _: &T, notes: &[String]) -> Result<(usize, usize)> {
+    fn run<B: Backend, T: Timing<B>>(
+        self,
+        b: &mut B,
+        _: &T,
+        notes: &[String],
+    ) -> Result<(usize, usize)> {
         notes.iter().for_each(|n| println!("{n}"));
         println!("backend: {}", b.name());
         let (mut mismatched, mut errors) = (0, 0);
@@ -735,20 +768,36 @@ fn describe_file(f: &VectorFile) -> String {
 fn capture_cmd(args: &[String]) -> CliResult<()> {
     let o = Opts::parse(
         args,
-        &["op", "layout", "cr", "tokens", "requests", "ring-capacity", "seed", "out"],
+        &[
+            "op",
+            "layout",
+            "cr",
+            "tokens",
+            "requests",
+            "ring-capacity",
+            "seed",
+            "out",
+        ],
         &["sanitize", "adversarial"],
     )?;
     o.no_positional()?;
-    let op_name = o.get("op").ok_or_else(|| CliError::Usage("capture needs --op".into()))?;
+    let op_name = o
+        .get("op")
+        .ok_or_else(|| CliError::Usage("capture needs --op".into()))?;
     let op = Op::from_name(op_name).ok_or_else(|| {
         CliError::Usage(format!(
             "--op {op_name:?}, expected rope_quant_insert, fused_save_compress_norm, save_ring_rows or fused_compress_insert"
         ))
     })?;
     let layout_name = o.get("layout").unwrap_or("mxfp8");
-    let layout = RecordLayout::from_name(layout_name)
-        .ok_or_else(|| CliError::Usage(format!("--layout {layout_name:?}, expected v4, mxfp8, nvfp4, bf16 or fp8")))?;
-    let out = o.get("out").ok_or_else(|| CliError::Usage("capture needs --out FILE".into()))?;
+    let layout = RecordLayout::from_name(layout_name).ok_or_else(|| {
+        CliError::Usage(format!(
+            "--layout {layout_name:?}, expected v4, mxfp8, nvfp4, bf16 or fp8"
+        ))
+    })?;
+    let out = o
+        .get("out")
+        .ok_or_else(|| CliError::Usage("capture needs --out FILE".into()))?;
     let cr: u32 = o.num("cr", 1)?;
     if cr != 1 && cr != 2 {
         return Err(CliError::Usage(format!("--cr {cr}, expected 1 or 2")));
@@ -770,14 +819,28 @@ fn capture_cmd(args: &[String]) -> CliResult<()> {
     let mut f = make_case(&spec);
     f.capture_reference()?;
     f.save(out)?;
-    println!("wrote {out}: {}, {} tensors", describe_file(&f), f.tensors.len());
+    println!(
+        "wrote {out}: {}, {} tensors",
+        describe_file(&f),
+        f.tensors.len()
+    );
     Ok(())
 }
 
 // ---- demo --------------------------------------------------------------------------------
 
 fn demo_cmd(args: &[String]) -> CliResult<()> {
-    let o = Opts::parse(args, &["backend", "requests", "prefill-tokens", "decode-steps", "seed"], &[])?;
+    let o = Opts::parse(
+        args,
+        &[
+            "backend",
+            "requests",
+            "prefill-tokens",
+            "decode-steps",
+            "seed",
+        ],
+        &[],
+    )?;
     o.no_positional()?;
     let cfg = DemoConfig {
         requests: o.num("requests", 4)?,
@@ -786,13 +849,19 @@ fn demo_cmd(args: &[String]) -> CliResult<()> {
         seed: o.num("seed", 1)?,
     };
     if cfg.requests == 0 || cfg.requests > 4096 {
-        return Err(CliError::Usage("--requests must be between 1 and 4096".into()));
+        return Err(CliError::Usage(
+            "--requests must be between 1 and 4096".into(),
+        ));
     }
     if cfg.prefill < 4 || cfg.prefill > 1 << 20 {
-        return Err(CliError::Usage("--prefill-tokens must be between 4 and 1048576".into()));
+        return Err(CliError::Usage(
+            "--prefill-tokens must be between 4 and 1048576".into(),
+        ));
     }
     if cfg.decode > 1 << 16 {
-        return Err(CliError::Usage("--decode-steps must be at most 65536".into()));
+        return Err(CliError::Usage(
+            "--decode-steps must be at most 65536".into(),
+        ));
     }
     let failures = with_backend(o.backend()?, DemoJob { cfg })?;
     if failures.is_empty() {
@@ -850,7 +919,9 @@ impl Scenario {
             let n = 2 + i % 2;
             let sizes = loop {
                 // Cut points at random; sizes all different and non-zero.
-                let mut cuts: Vec<usize> = (0..n - 1).map(|_| 1 + rng.below(len as u64 - 1) as usize).collect();
+                let mut cuts: Vec<usize> = (0..n - 1)
+                    .map(|_| 1 + rng.below(len as u64 - 1) as usize)
+                    .collect();
                 cuts.sort_unstable();
                 let mut s = Vec::new();
                 let mut prev = 0;
@@ -885,9 +956,14 @@ impl Scenario {
                     .collect()
             })
             .collect();
-        let weight = (0..DIM).map(|_| bf16_from_f32(1.0 + 0.2 * rng.normal())).collect();
+        let weight = (0..DIM)
+            .map(|_| bf16_from_f32(1.0 + 0.2 * rng.normal()))
+            .collect();
         let max_pos = total.iter().copied().max().unwrap_or(1);
-        let per_req_blocks: Vec<usize> = total.iter().map(|n| (n / 2).div_ceil(BLOCK).max(1)).collect();
+        let per_req_blocks: Vec<usize> = total
+            .iter()
+            .map(|n| (n / 2).div_ceil(BLOCK).max(1))
+            .collect();
         let blocks: usize = per_req_blocks.iter().sum::<usize>() + 1;
         let perm = rng.permutation(blocks);
         let mut next = 0;
@@ -929,7 +1005,10 @@ impl Scenario {
                 out.push((format!("prefill chunk {}", k + 1), c));
             }
         } else {
-            out.push(("prefill (one chunk)".into(), self.prompt.iter().map(|&p| (0, p)).collect()));
+            out.push((
+                "prefill (one chunk)".into(),
+                self.prompt.iter().map(|&p| (0, p)).collect(),
+            ));
         }
         for d in 0..self.decode {
             out.push((
@@ -947,8 +1026,12 @@ impl Scenario {
 
     fn cache_desc(&self, layout: RecordLayout) -> TensorDesc {
         match layout {
-            RecordLayout::Bf16Rows => TensorDesc::contiguous(DType::BF16, &[self.blocks, BLOCK, DIM]),
-            RecordLayout::Fp8Rows => TensorDesc::contiguous(DType::F8E4M3, &[self.blocks, BLOCK, DIM]),
+            RecordLayout::Bf16Rows => {
+                TensorDesc::contiguous(DType::BF16, &[self.blocks, BLOCK, DIM])
+            }
+            RecordLayout::Fp8Rows => {
+                TensorDesc::contiguous(DType::F8E4M3, &[self.blocks, BLOCK, DIM])
+            }
             l => TensorDesc::contiguous(DType::U8, &[self.blocks, BLOCK, l.record_bytes()]),
         }
     }
@@ -1006,7 +1089,8 @@ fn run_scenario<B: Backend>(b: &B, sc: &Scenario, chunked: bool, inserts: bool) 
         }
         out.tokens += n;
         let mut kv = Vec::with_capacity(n * 1024);
-        let (mut pos, mut slots, mut ttr, mut cslots, mut who) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut pos, mut slots, mut ttr, mut cslots, mut who) =
+            (vec![], vec![], vec![], vec![], vec![]);
         let mut qsl = vec![0i64];
         for (req, &(start, len)) in chunk.iter().enumerate() {
             for p in start..start + len {
@@ -1014,7 +1098,11 @@ fn run_scenario<B: Backend>(b: &B, sc: &Scenario, chunked: bool, inserts: bool) 
                 pos.push(p as i64);
                 slots.push((req * cap + p % cap) as i64);
                 ttr.push(req as i64);
-                cslots.push(if p % 2 == 1 { sc.cache_slot(req, p) } else { -1 });
+                cslots.push(if p % 2 == 1 {
+                    sc.cache_slot(req, p)
+                } else {
+                    -1
+                });
                 who.push((req, p));
             }
             qsl.push(qsl.last().copied().unwrap_or(0) + len as i64);
@@ -1050,7 +1138,8 @@ fn run_scenario<B: Backend>(b: &B, sc: &Scenario, chunked: bool, inserts: bool) 
                 kv_cache: TensorMut::new(cache, sc.cache_desc(l)),
                 slot_mapping: Tensor::new(&cslots_b, idx(n)),
                 compress_ratio: 2,
-                fp8_scale: (l == RecordLayout::Fp8Rows).then(|| Tensor::new(&fp8, desc(DType::F32, &[1]))),
+                fp8_scale: (l == RecordLayout::Fp8Rows)
+                    .then(|| Tensor::new(&fp8, desc(DType::F32, &[1]))),
             })?;
         }
         let bytes = b.read(&latent)?;
@@ -1090,7 +1179,12 @@ fn record_at(layout: RecordLayout, cache: &[u8], slot: usize) -> (&[u8], &[u8]) 
 }
 
 /// Max abs and RMS relative error of the decoded records vs the f32 rotated latents.
-fn reconstruction(sc: &Scenario, layout: RecordLayout, cache: &[u8], latents: &Latents) -> (f64, f64) {
+fn reconstruction(
+    sc: &Scenario,
+    layout: RecordLayout,
+    cache: &[u8],
+    latents: &Latents,
+) -> (f64, f64) {
     let (mut max_abs, mut err2, mut ref2) = (0f64, 0f64, 0f64);
     for (&(req, p), lat) in latents {
         let lat: [u16; DIM] = lat.as_slice().try_into().expect("512 dims");
@@ -1113,7 +1207,12 @@ fn reconstruction(sc: &Scenario, layout: RecordLayout, cache: &[u8], latents: &L
 
 /// Inserts every latent of the run in one call per layout (after a warm-up)
 /// and returns the tokens per second and the cache it wrote.
-fn time_insert<B: Backend>(b: &B, sc: &Scenario, latents: &Latents, layout: RecordLayout) -> Result<(f64, Vec<u8>)> {
+fn time_insert<B: Backend>(
+    b: &B,
+    sc: &Scenario,
+    latents: &Latents,
+    layout: RecordLayout,
+) -> Result<(f64, Vec<u8>)> {
     let n = latents.len();
     let mut lat = Vec::with_capacity(n * DIM);
     let (mut pos, mut slots) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -1136,7 +1235,8 @@ fn time_insert<B: Backend>(b: &B, sc: &Scenario, latents: &Latents, layout: Reco
             kv_cache: TensorMut::new(cache, sc.cache_desc(layout)),
             slot_mapping: Tensor::new(&slots_b, desc(DType::I64, &[n])),
             compress_ratio: 2,
-            fp8_scale: (layout == RecordLayout::Fp8Rows).then(|| Tensor::new(&fp8, desc(DType::F32, &[1]))),
+            fp8_scale: (layout == RecordLayout::Fp8Rows)
+                .then(|| Tensor::new(&fp8, desc(DType::F32, &[1]))),
         })
     };
     once(&mut cache)?;
@@ -1158,10 +1258,12 @@ fn first_difference(a: &[u8], b: &[u8]) -> Option<String> {
         return Some(format!("{} bytes vs {} bytes", a.len(), b.len()));
     }
     let n = a.iter().zip(b).filter(|(x, y)| x != y).count();
-    a.iter()
-        .zip(b)
-        .position(|(x, y)| x != y)
-        .map(|i| format!("{n} bytes differ, first at byte {i}: 0x{:02x} vs reference 0x{:02x}", a[i], b[i]))
+    a.iter().zip(b).position(|(x, y)| x != y).map(|i| {
+        format!(
+            "{n} bytes differ, first at byte {i}: 0x{:02x} vs reference 0x{:02x}",
+            a[i], b[i]
+        )
+    })
 }
 
 struct DemoJob {
@@ -1172,7 +1274,12 @@ impl Job for DemoJob {
     /// The failures (empty: PASS).
     type Out = Vec<String>;
 
-    fn run<B: Backend, T: Timing<B>>(self, b: &mut B, timing: &T, notes: &[String]) -> Result<Vec<String>> {
+    fn run<B: Backend, T: Timing<B>>(
+        self,
+        b: &mut B,
+        timing: &T,
+        notes: &[String],
+    ) -> Result<Vec<String>> {
         let t_start = Instant::now();
         let sc = Scenario::new(&self.cfg);
         let mut failures = Vec::new();
@@ -1186,7 +1293,10 @@ impl Job for DemoJob {
         for (r, c) in sc.chunks.iter().enumerate() {
             println!(
                 "  request {r}: chunks of {} tokens",
-                c.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" + ")
+                c.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" + ")
             );
         }
         notes.iter().for_each(|n| println!("{n}"));
@@ -1220,7 +1330,9 @@ impl Job for DemoJob {
                 .iter()
                 .filter(|(k, v)| whole.latents.get(k) != Some(v))
                 .count();
-            failures.push(format!("{n} latents differ between chunked and one-chunk prefill"));
+            failures.push(format!(
+                "{n} latents differ between chunked and one-chunk prefill"
+            ));
             println!("chunked prefill vs one chunk per request: {n} latents DIFFER");
         }
 
@@ -1242,7 +1354,11 @@ impl Job for DemoJob {
             println!(
                 "latent_out of {} calls and the final ring vs the CPU reference: {}",
                 run.calls.len(),
-                if failures.is_empty() && ok { "identical" } else { "DIFFERENT" }
+                if failures.is_empty() && ok {
+                    "identical"
+                } else {
+                    "DIFFERENT"
+                }
             );
             RecordLayout::ALL
                 .iter()
@@ -1320,17 +1436,30 @@ const ANCHORS: [(&str, [f64; 6]); 8] = [
     ("insert bf16", [1.55, 1.68, 1.77, 2.23, 6.61, 62.1]),
     ("insert fp8", [1.87, 1.83, 1.96, 2.39, 6.80, 58.2]),
     ("compress CR1", [1.72, 1.72, 1.88, 2.39, 6.70, 59.4]),
-    ("compress CR2, T one-token requests", [2.29, 2.38, 2.51, 3.84, 26.9, 202.6]),
-    ("compress CR2, 4 requests of T/4", [2.20, 3.62, 5.96, 6.08, 9.35, 75.0]),
+    (
+        "compress CR2, T one-token requests",
+        [2.29, 2.38, 2.51, 3.84, 26.9, 202.6],
+    ),
+    (
+        "compress CR2, 4 requests of T/4",
+        [2.20, 3.62, 5.96, 6.08, 9.35, 75.0],
+    ),
 ];
 
 fn anchor(op: &str, t: usize) -> Option<f64> {
     let i = ANCHOR_T.iter().position(|&x| x == t)?;
-    ANCHORS.iter().find(|(name, _)| *name == op).map(|(_, v)| v[i])
+    ANCHORS
+        .iter()
+        .find(|(name, _)| *name == op)
+        .map(|(_, v)| v[i])
 }
 
 fn bench_cmd(args: &[String]) -> CliResult<()> {
-    let o = Opts::parse(args, &["backend", "tokens", "out", "launches", "replays"], &[])?;
+    let o = Opts::parse(
+        args,
+        &["backend", "tokens", "out", "launches", "replays"],
+        &[],
+    )?;
     o.no_positional()?;
     let tokens = match o.get("tokens") {
         None => None,
@@ -1340,7 +1469,9 @@ fn bench_cmd(args: &[String]) -> CliResult<()> {
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .ok()
                 .filter(|v| !v.is_empty() && v.iter().all(|&t| t >= 1))
-                .ok_or_else(|| CliError::Usage(format!("--tokens {s:?}, expected a list like 1,16,128")))?,
+                .ok_or_else(|| {
+                    CliError::Usage(format!("--tokens {s:?}, expected a list like 1,16,128"))
+                })?,
         ),
     };
     let job = BenchJob {
@@ -1350,7 +1481,9 @@ fn bench_cmd(args: &[String]) -> CliResult<()> {
         replays: o.num("replays", 7)?,
     };
     if job.launches == 0 || job.replays == 0 {
-        return Err(CliError::Usage("--launches and --replays must be at least 1".into()));
+        return Err(CliError::Usage(
+            "--launches and --replays must be at least 1".into(),
+        ));
     }
     with_backend(o.backend()?, job)?;
     Ok(())
@@ -1441,8 +1574,16 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
 /// 1024 B per latent and 4096 B per ring store; ring rows copy 4096 B.
 fn traffic(f: &VectorFile, layout: Option<RecordLayout>) -> Result<u64> {
     let op = f.op()?;
-    let slots = f.input("slot_mapping").map(|t| t.to_i64()).transpose()?.unwrap_or_default();
-    let pos = f.input("positions").map(|t| t.to_i64()).transpose()?.unwrap_or_default();
+    let slots = f
+        .input("slot_mapping")
+        .map(|t| t.to_i64())
+        .transpose()?
+        .unwrap_or_default();
+    let pos = f
+        .input("positions")
+        .map(|t| t.to_i64())
+        .transpose()?
+        .unwrap_or_default();
     Ok(match op {
         Op::RopeQuantInsert => {
             let cr = f.compress_ratio()? as i64;
@@ -1459,7 +1600,11 @@ fn traffic(f: &VectorFile, layout: Option<RecordLayout>) -> Result<u64> {
             if f.compress_ratio()? == 1 {
                 slots.iter().filter(|s| **s >= 0).count() as u64 * 3072
             } else {
-                let qsl = f.input("query_start_loc").map(|t| t.to_i64()).transpose()?.unwrap_or_default();
+                let qsl = f
+                    .input("query_start_loc")
+                    .map(|t| t.to_i64())
+                    .transpose()?
+                    .unwrap_or_default();
                 let cap = f.input("state_cache").map_or(1, |t| t.shape[1]) as i64;
                 let mut bytes = 0u64;
                 for w in qsl.windows(2) {
@@ -1501,7 +1646,11 @@ impl Job for BenchJob {
         });
         b.set_sanitize(false);
         notes.iter().for_each(|n| println!("{n}"));
-        println!("dsv4-kvcache {} bench on {}", env!("CARGO_PKG_VERSION"), b.name());
+        println!(
+            "dsv4-kvcache {} bench on {}",
+            env!("CARGO_PKG_VERSION"),
+            b.name()
+        );
         println!(
             "timing: {}; {} launches per replay, {} replays",
             timing.method(),
@@ -1524,8 +1673,11 @@ impl Job for BenchJob {
                 let f = make_case(&c.spec);
                 let bytes = traffic(&f, c.layout)?;
                 let mut p = f.prepare(b)?;
-                let us = median_f32(&timing.per_launch_us(b, self.launches, self.replays, &mut |b| p.launch(b))?)
-                    as f64;
+                let us =
+                    median_f32(
+                        &timing
+                            .per_launch_us(b, self.launches, self.replays, &mut |b| p.launch(b))?,
+                    ) as f64;
                 drop(p);
                 let gbps = bytes as f64 / (us * 1e-6) / 1e9;
                 let anchor = anchor(&c.name, t);
@@ -1554,7 +1706,8 @@ impl Job for BenchJob {
         println!("| --- | --- | ---: | ---: | ---: | ---: |");
         let mut fused_rows = Vec::new();
         for t in [1usize, 16, 128] {
-            for (case, cr, requests) in [("CR1", 1u32, 1usize), ("CR2, T one-token requests", 2, t)] {
+            for (case, cr, requests) in [("CR1", 1u32, 1usize), ("CR2, T one-token requests", 2, t)]
+            {
                 for l in RecordLayout::ALL {
                     let spec = CaseSpec {
                         op: Op::FusedCompressInsert,
@@ -1568,8 +1721,12 @@ impl Job for BenchJob {
                     };
                     let f = make_case(&spec);
                     let mut p = f.prepare(b)?;
-                    let fused = median_f32(&timing.per_launch_us(b, self.launches, self.replays, &mut |b| p.launch(b))?)
-                        as f64;
+                    let fused = median_f32(&timing.per_launch_us(
+                        b,
+                        self.launches,
+                        self.replays,
+                        &mut |b| p.launch(b),
+                    )?) as f64;
                     drop(p);
                     let sep = separate_us(b, timing, &f, self.launches, self.replays)?;
                     println!(
@@ -1640,7 +1797,8 @@ impl Job for BenchJob {
                 "fused": fused_rows,
                 "host_launch": host_rows,
             });
-            let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::Vectors(e.to_string()))?;
+            let text =
+                serde_json::to_string_pretty(&doc).map_err(|e| Error::Vectors(e.to_string()))?;
             std::fs::write(path, text).map_err(|e| Error::Vectors(format!("{path}: {e}")))?;
             println!("\nwrote {path}");
         }

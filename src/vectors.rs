@@ -108,7 +108,13 @@ impl Op {
     fn required(self) -> &'static [&'static str] {
         match self {
             Op::RopeQuantInsert => &["latent", "positions", "cos_sin", "slot_mapping", "kv_cache"],
-            Op::FusedSaveCompressNorm => &["kv_score", "positions", "slot_mapping", "rms_norm_weight", "latent_out"],
+            Op::FusedSaveCompressNorm => &[
+                "kv_score",
+                "positions",
+                "slot_mapping",
+                "rms_norm_weight",
+                "latent_out",
+            ],
             Op::SaveRingRows => &["rows", "slot_mapping", "state_cache"],
             Op::FusedCompressInsert => &[
                 "kv_score",
@@ -163,17 +169,29 @@ impl VTensor {
 
     /// An F32 tensor.
     pub fn f32(shape: &[usize], v: &[f32]) -> Self {
-        Self::from_le(DType::F32, shape, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        Self::from_le(
+            DType::F32,
+            shape,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
     }
 
     /// A BF16 tensor from its bit patterns.
     pub fn bf16_bits(shape: &[usize], v: &[u16]) -> Self {
-        Self::from_le(DType::BF16, shape, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        Self::from_le(
+            DType::BF16,
+            shape,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
     }
 
     /// An I64 tensor.
     pub fn i64(shape: &[usize], v: &[i64]) -> Self {
-        Self::from_le(DType::I64, shape, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        Self::from_le(
+            DType::I64,
+            shape,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
     }
 
     /// A byte tensor of `dtype` (U8 or F8_E4M3).
@@ -220,7 +238,9 @@ impl VTensor {
                 .chunks_exact(4)
                 .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64)
                 .collect()),
-            d => Err(Error::Vectors(format!("expected an I32 or I64 tensor, got {d}"))),
+            d => Err(Error::Vectors(format!(
+                "expected an I32 or I64 tensor, got {d}"
+            ))),
         }
     }
 
@@ -324,7 +344,8 @@ impl VectorFile {
     /// Reads and checks a file (see the module docs for what it must hold).
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| Error::Vectors(format!("{}: {e}", path.display())))?;
+        let bytes =
+            std::fs::read(path).map_err(|e| Error::Vectors(format!("{}: {e}", path.display())))?;
         Self::from_bytes(&bytes).map_err(|e| match e {
             Error::Vectors(m) => Error::Vectors(format!("{}: {m}", path.display())),
             other => other,
@@ -353,9 +374,16 @@ impl VectorFile {
 
     /// The file's bytes (safetensors).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let meta: HashMap<String, String> = self.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        safetensors::serialize(self.tensors.iter().map(|(k, v)| (k.as_str(), v)), Some(meta))
-            .map_err(|e| Error::Vectors(format!("cannot serialize: {e}")))
+        let meta: HashMap<String, String> = self
+            .meta
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        safetensors::serialize(
+            self.tensors.iter().map(|(k, v)| (k.as_str(), v)),
+            Some(meta),
+        )
+        .map_err(|e| Error::Vectors(format!("cannot serialize: {e}")))
     }
 
     /// Writes the file.
@@ -370,7 +398,11 @@ impl VectorFile {
         match self.meta.get("format") {
             Some(v) if v == FORMAT => {}
             Some(v) => return Err(Error::Vectors(format!("format {v:?}, expected {FORMAT:?}"))),
-            None => return Err(Error::Vectors(format!("no \"format\" metadata (expected {FORMAT:?})"))),
+            None => {
+                return Err(Error::Vectors(format!(
+                    "no \"format\" metadata (expected {FORMAT:?})"
+                )))
+            }
         }
         let op = self.op()?;
         let missing: Vec<String> = op
@@ -441,8 +473,11 @@ impl VectorFile {
     /// The `layout` metadata (insert ops).
     pub fn layout(&self) -> Result<RecordLayout> {
         let s = self.meta_str("layout")?;
-        RecordLayout::from_name(s)
-            .ok_or_else(|| Error::Vectors(format!("layout {s:?}, expected v4, mxfp8, nvfp4, bf16 or fp8")))
+        RecordLayout::from_name(s).ok_or_else(|| {
+            Error::Vectors(format!(
+                "layout {s:?}, expected v4, mxfp8, nvfp4, bf16 or fp8"
+            ))
+        })
     }
 
     /// The `compress_ratio` metadata.
@@ -451,7 +486,9 @@ impl VectorFile {
         match s.trim() {
             "1" => Ok(1),
             "2" => Ok(2),
-            _ => Err(Error::Vectors(format!("compress_ratio {s:?}, expected 1 or 2"))),
+            _ => Err(Error::Vectors(format!(
+                "compress_ratio {s:?}, expected 1 or 2"
+            ))),
         }
     }
 
@@ -460,7 +497,9 @@ impl VectorFile {
         match self.meta.get("sanitize").map(|s| s.trim()) {
             None | Some("false") => Ok(false),
             Some("true") => Ok(true),
-            Some(s) => Err(Error::Vectors(format!("sanitize {s:?}, expected true or false"))),
+            Some(s) => Err(Error::Vectors(format!(
+                "sanitize {s:?}, expected true or false"
+            ))),
         }
     }
 
@@ -469,7 +508,9 @@ impl VectorFile {
         match self.meta.get("skip_latent_out").map(|s| s.trim()) {
             None | Some("false") => Ok(false),
             Some("true") => Ok(true),
-            Some(s) => Err(Error::Vectors(format!("skip_latent_out {s:?}, expected true or false"))),
+            Some(s) => Err(Error::Vectors(format!(
+                "skip_latent_out {s:?}, expected true or false"
+            ))),
         }
     }
 
@@ -478,8 +519,11 @@ impl VectorFile {
     pub fn rms_norm_eps(&self) -> Result<f32> {
         if let Some(b) = self.meta.get("rms_norm_eps_bits") {
             let h = b.trim().trim_start_matches("0x").trim_start_matches("0X");
-            let bits = u32::from_str_radix(h, 16)
-                .map_err(|_| Error::Vectors(format!("rms_norm_eps_bits {b:?}, expected 0x and 8 hex digits")))?;
+            let bits = u32::from_str_radix(h, 16).map_err(|_| {
+                Error::Vectors(format!(
+                    "rms_norm_eps_bits {b:?}, expected 0x and 8 hex digits"
+                ))
+            })?;
             return Ok(f32::from_bits(bits));
         }
         let s = self.meta_str("rms_norm_eps")?;
@@ -490,9 +534,12 @@ impl VectorFile {
 
     /// Sets `rms_norm_eps` (exact decimal) and `rms_norm_eps_bits`.
     pub fn set_rms_norm_eps(&mut self, eps: f32) {
-        self.meta.insert("rms_norm_eps".into(), f32_exact_decimal(eps));
         self.meta
-            .insert("rms_norm_eps_bits".into(), format!("0x{:08x}", eps.to_bits()));
+            .insert("rms_norm_eps".into(), f32_exact_decimal(eps));
+        self.meta.insert(
+            "rms_norm_eps_bits".into(),
+            format!("0x{:08x}", eps.to_bits()),
+        );
     }
 
     /// Sets a metadata entry.
@@ -519,11 +566,17 @@ impl VectorFile {
     pub fn prepare<'f, B: Backend>(&'f self, backend: &B) -> Result<Prepared<'f, B>> {
         self.check()?;
         let op = self.op()?;
-        let layout = if op.inserts() { Some(self.layout()?) } else { None };
+        let layout = if op.inserts() {
+            Some(self.layout()?)
+        } else {
+            None
+        };
         let mut inputs = BTreeMap::new();
         let mut outs: [Option<Buf<B>>; 3] = [None, None, None];
         for (name, t) in &self.tensors {
-            let Some(arg) = name.strip_prefix("in.") else { continue };
+            let Some(arg) = name.strip_prefix("in.") else {
+                continue;
+            };
             let mut desc = t.desc()?;
             // FP8 rows stored as raw bytes (numpy has no e4m3): read as F8_E4M3.
             if arg == "kv_cache" && layout == Some(RecordLayout::Fp8Rows) && t.dtype == DType::U8 {
@@ -544,7 +597,11 @@ impl VectorFile {
         Ok(Prepared {
             file: self,
             op,
-            compress_ratio: if op == Op::SaveRingRows { 1 } else { self.compress_ratio()? },
+            compress_ratio: if op == Op::SaveRingRows {
+                1
+            } else {
+                self.compress_ratio()?
+            },
             eps: if matches!(op, Op::FusedSaveCompressNorm | Op::FusedCompressInsert) {
                 self.rms_norm_eps()?
             } else {
@@ -589,7 +646,9 @@ impl VectorFile {
         };
         let locator = Locator::new(self)?;
         for (name, got) in &outs {
-            let Some(expected) = self.expected(name) else { continue };
+            let Some(expected) = self.expected(name) else {
+                continue;
+            };
             let tensor = format!("out.{name}");
             let mut count = 0u64;
             for (i, (&e, &g)) in expected.data.iter().zip(got.iter()).enumerate() {
@@ -670,14 +729,20 @@ pub struct Prepared<'f, B: Backend> {
     state_cache: Option<Buf<B>>,
 }
 
-fn ro<'a, B: Backend>(inputs: &'a BTreeMap<String, Buf<B>>, name: &str) -> Result<Tensor<'a, B::Buffer>> {
+fn ro<'a, B: Backend>(
+    inputs: &'a BTreeMap<String, Buf<B>>,
+    name: &str,
+) -> Result<Tensor<'a, B::Buffer>> {
     inputs
         .get(name)
         .map(|b| Tensor::new(&b.buf, b.desc))
         .ok_or_else(|| Error::Vectors(format!("no in.{name}")))
 }
 
-fn opt<'a, B: Backend>(inputs: &'a BTreeMap<String, Buf<B>>, name: &str) -> Option<Tensor<'a, B::Buffer>> {
+fn opt<'a, B: Backend>(
+    inputs: &'a BTreeMap<String, Buf<B>>,
+    name: &str,
+) -> Option<Tensor<'a, B::Buffer>> {
     inputs.get(name).map(|b| Tensor::new(&b.buf, b.desc))
 }
 
@@ -727,7 +792,9 @@ impl<B: Backend> Prepared<'_, B> {
                 let compress = CompressArgs {
                     kv_score: ro(inputs, "kv_score")?,
                     positions: ro(inputs, "positions")?,
-                    state_cache: state_cache.as_mut().map(|b| TensorMut::new(&mut b.buf, b.desc)),
+                    state_cache: state_cache
+                        .as_mut()
+                        .map(|b| TensorMut::new(&mut b.buf, b.desc)),
                     slot_mapping: ro(inputs, "slot_mapping")?,
                     query_start_loc: opt(inputs, "query_start_loc"),
                     token_to_req_indices: opt(inputs, "token_to_req_indices"),
@@ -757,10 +824,11 @@ impl<B: Backend> Prepared<'_, B> {
     /// Rewrites the written tensors with the file's inputs.
     pub fn reset(&mut self, backend: &B) -> Result<()> {
         let file = self.file;
-        for (name, b) in OUTPUT_NAMES
-            .iter()
-            .zip([&mut self.kv_cache, &mut self.latent_out, &mut self.state_cache])
-        {
+        for (name, b) in OUTPUT_NAMES.iter().zip([
+            &mut self.kv_cache,
+            &mut self.latent_out,
+            &mut self.state_cache,
+        ]) {
             if let (Some(b), Some(t)) = (b.as_mut(), file.input(name)) {
                 backend.write(&mut b.buf, &t.data)?;
             }
@@ -771,9 +839,10 @@ impl<B: Backend> Prepared<'_, B> {
     /// The written tensors' bytes, by output name (waits for the backend).
     pub fn outputs(&self, backend: &B) -> Result<Vec<(&'static str, Vec<u8>)>> {
         let mut out = Vec::new();
-        for (name, b) in OUTPUT_NAMES
-            .iter()
-            .zip([&self.kv_cache, &self.latent_out, &self.state_cache])
+        for (name, b) in
+            OUTPUT_NAMES
+                .iter()
+                .zip([&self.kv_cache, &self.latent_out, &self.state_cache])
         {
             if let Some(b) = b {
                 out.push((*name, backend.read(&b.buf)?));
@@ -894,13 +963,19 @@ impl fmt::Display for ReplayReport {
             }
         }
         for t in &self.per_tensor {
-            writeln!(f, "  {}: {} of {} bytes differ", t.tensor, t.mismatched, t.bytes)?;
+            writeln!(
+                f,
+                "  {}: {} of {} bytes differ",
+                t.tensor, t.mismatched, t.bytes
+            )?;
         }
         if self.skipped.total() > 0 {
             writeln!(
                 f,
                 "  tokens skipped for out-of-range indices: {} slot, {} position, {} index",
-                self.skipped.slot_out_of_range, self.skipped.position_out_of_range, self.skipped.index_out_of_range
+                self.skipped.slot_out_of_range,
+                self.skipped.position_out_of_range,
+                self.skipped.index_out_of_range
             )?;
         }
         Ok(())
@@ -923,9 +998,20 @@ impl Locator {
     fn new(f: &VectorFile) -> Result<Self> {
         let op = f.op()?;
         // Only group-boundary tokens write cache records.
-        let cr = if op.inserts() { f.compress_ratio()? as i64 } else { 1 };
-        let positions = f.input("positions").and_then(|t| t.to_i64().ok()).unwrap_or_default();
-        let writes = |t: usize| positions.get(t).is_some_and(|p| *p >= 0 && (p + 1) % cr == 0);
+        let cr = if op.inserts() {
+            f.compress_ratio()? as i64
+        } else {
+            1
+        };
+        let positions = f
+            .input("positions")
+            .and_then(|t| t.to_i64().ok())
+            .unwrap_or_default();
+        let writes = |t: usize| {
+            positions
+                .get(t)
+                .is_some_and(|p| *p >= 0 && (p + 1) % cr == 0)
+        };
         // slot -> the last token with that slot (the later write wins).
         let map = |name: &str, only_writers: bool| -> HashMap<i64, usize> {
             f.input(name)
@@ -948,10 +1034,17 @@ impl Locator {
         };
         let cache = f.input("kv_cache");
         Ok(Locator {
-            layout: if op.inserts() { Some(f.layout()?) } else { None },
+            layout: if op.inserts() {
+                Some(f.layout()?)
+            } else {
+                None
+            },
             cache_shape: cache.map(|t| t.shape.clone()).unwrap_or_default(),
             cache_esz: cache.map_or(1, |t| t.dtype.size()),
-            ring_cap: f.input("state_cache").and_then(|t| t.shape.get(1).copied()).unwrap_or(1),
+            ring_cap: f
+                .input("state_cache")
+                .and_then(|t| t.shape.get(1).copied())
+                .unwrap_or(1),
             cache_tokens,
             ring_tokens,
         })
@@ -959,7 +1052,15 @@ impl Locator {
 
     fn locate(&self, tensor: &str, off: usize) -> (Option<u64>, Option<usize>, Option<String>) {
         match tensor {
-            "latent_out" => (None, Some(off / 1024), Some(format!("dim {} (BF16 {} byte)", (off % 1024) / 2, lohi(off)))),
+            "latent_out" => (
+                None,
+                Some(off / 1024),
+                Some(format!(
+                    "dim {} (BF16 {} byte)",
+                    (off % 1024) / 2,
+                    lohi(off)
+                )),
+            ),
             "state_cache" => {
                 let slot = off / 4096;
                 let j = (off % 4096) / 4;
@@ -982,7 +1083,9 @@ impl Locator {
     }
 
     fn locate_cache(&self, off: usize) -> (Option<u64>, Option<usize>, Option<String>) {
-        let Some(layout) = self.layout else { return (None, None, None) };
+        let Some(layout) = self.layout else {
+            return (None, None, None);
+        };
         if self.cache_shape.len() < 2 {
             return (None, None, None);
         }
@@ -1024,12 +1127,17 @@ fn lohi(off: usize) -> &'static str {
 /// What value byte `k` of a record holds.
 pub fn value_field(layout: RecordLayout, k: usize) -> String {
     match layout {
-        RecordLayout::V4 if k < 448 => format!("value byte {k}: e4m3 of unrotated dim {k} (block {})", k / 64),
+        RecordLayout::V4 if k < 448 => format!(
+            "value byte {k}: e4m3 of unrotated dim {k} (block {})",
+            k / 64
+        ),
         RecordLayout::V4 => {
             let d = 448 + (k - 448) / 2;
             format!("value byte {k}: BF16 {} byte of rotated dim {d}", lohi(k))
         }
-        RecordLayout::Mxfp8 => format!("value byte {k}: e4m3 of rotated dim {k} (block {})", k / 32),
+        RecordLayout::Mxfp8 => {
+            format!("value byte {k}: e4m3 of rotated dim {k} (block {})", k / 32)
+        }
         RecordLayout::Nvfp4 => format!(
             "value byte {k}: e2m1 codes of rotated dims {} (low nibble) and {} (high) (tile {})",
             2 * k,
@@ -1044,10 +1152,22 @@ pub fn value_field(layout: RecordLayout, k: usize) -> String {
 /// What scale byte `j` of a record holds.
 pub fn scale_field(layout: RecordLayout, j: usize) -> String {
     match layout {
-        RecordLayout::V4 if j < 7 => format!("scale byte {j}: UE8M0 of unrotated dims {}..{}", 64 * j, 64 * j + 64),
+        RecordLayout::V4 if j < 7 => format!(
+            "scale byte {j}: UE8M0 of unrotated dims {}..{}",
+            64 * j,
+            64 * j + 64
+        ),
         RecordLayout::V4 => "scale byte 7: zero padding".into(),
-        RecordLayout::Mxfp8 => format!("scale byte {j}: UE8M0 of rotated dims {}..{}", 32 * j, 32 * j + 32),
-        RecordLayout::Nvfp4 => format!("scale byte {j}: e4m3 of rotated dims {}..{}", 16 * j, 16 * j + 16),
+        RecordLayout::Mxfp8 => format!(
+            "scale byte {j}: UE8M0 of rotated dims {}..{}",
+            32 * j,
+            32 * j + 32
+        ),
+        RecordLayout::Nvfp4 => format!(
+            "scale byte {j}: e4m3 of rotated dims {}..{}",
+            16 * j,
+            16 * j + 16
+        ),
         RecordLayout::Bf16Rows | RecordLayout::Fp8Rows => format!("byte {j}"),
     }
 }
@@ -1260,7 +1380,11 @@ pub mod cases {
             }
             _ => {
                 let w = layout.record_bytes();
-                VTensor::bytes(DType::U8, &[blocks, BLOCK_SIZE, w], rng.bytes(blocks * BLOCK_SIZE * w))
+                VTensor::bytes(
+                    DType::U8,
+                    &[blocks, BLOCK_SIZE, w],
+                    rng.bytes(blocks * BLOCK_SIZE * w),
+                )
             }
         }
     }
@@ -1284,14 +1408,23 @@ pub mod cases {
     /// Request chunk sizes: `tokens` split into `requests` consecutive runs.
     pub fn split(tokens: usize, requests: usize) -> Vec<usize> {
         let r = requests.max(1);
-        (0..r).map(|i| tokens / r + usize::from(i < tokens % r)).collect()
+        (0..r)
+            .map(|i| tokens / r + usize::from(i < tokens % r))
+            .collect()
     }
 
     fn insert_inputs(f: &mut VectorFile, rng: &mut Rng, s: &CaseSpec, slots: Vec<i64>) {
         let t = s.tokens;
-        f.set_input("cos_sin", VTensor::f32(&[t.max(1), 64], &rope_cos_sin(t.max(1))));
+        f.set_input(
+            "cos_sin",
+            VTensor::f32(&[t.max(1), 64], &rope_cos_sin(t.max(1))),
+        );
         f.set_input("kv_cache", cache_tensor(rng, s.layout, t));
-        let key = if s.op == Op::FusedCompressInsert { "cache_slot_mapping" } else { "slot_mapping" };
+        let key = if s.op == Op::FusedCompressInsert {
+            "cache_slot_mapping"
+        } else {
+            "slot_mapping"
+        };
         f.set_input(key, VTensor::i64(&[t], &slots));
         if s.layout == RecordLayout::Fp8Rows {
             f.set_input("fp8_scale", VTensor::f32(&[1], &[FP8_SCALE]));
@@ -1302,15 +1435,29 @@ pub mod cases {
     fn compress_inputs(f: &mut VectorFile, rng: &mut Rng, s: &CaseSpec) {
         let t = s.tokens;
         let cr = s.compress_ratio as usize;
-        f.set_input("kv_score", VTensor::f32(&[t, DIM * cr], &f32_rows(rng, t, DIM * cr, s.adversarial)));
-        let w: Vec<u16> = (0..DIM).map(|_| bf16_from_f32(1.0 + 0.25 * rng.normal())).collect();
+        f.set_input(
+            "kv_score",
+            VTensor::f32(&[t, DIM * cr], &f32_rows(rng, t, DIM * cr, s.adversarial)),
+        );
+        let w: Vec<u16> = (0..DIM)
+            .map(|_| bf16_from_f32(1.0 + 0.25 * rng.normal()))
+            .collect();
         f.set_input("rms_norm_weight", VTensor::bf16_bits(&[DIM], &w));
-        f.set_input("latent_out", VTensor::bytes(DType::BF16, &[t, DIM], rng.bytes(2 * t * DIM)));
+        f.set_input(
+            "latent_out",
+            VTensor::bytes(DType::BF16, &[t, DIM], rng.bytes(2 * t * DIM)),
+        );
         f.set_rms_norm_eps(RMS_NORM_EPS);
         if cr == 1 {
             // CR1: slot_mapping only marks tokens valid (< 0 skips).
             let marks: Vec<i64> = (0..t as i64)
-                .map(|i| if s.adversarial && rng.below(20) == 0 { -1 } else { i })
+                .map(|i| {
+                    if s.adversarial && rng.below(20) == 0 {
+                        -1
+                    } else {
+                        i
+                    }
+                })
                 .collect();
             f.set_input("slot_mapping", VTensor::i64(&[t], &marks));
             return;
@@ -1351,7 +1498,9 @@ pub mod cases {
         let positions: Vec<i64> = (0..t as i64).collect();
         match s.op {
             Op::RopeQuantInsert => {
-                let latent: Vec<u16> = (0..t).flat_map(|_| bf16_row(&mut rng, s.adversarial)).collect();
+                let latent: Vec<u16> = (0..t)
+                    .flat_map(|_| bf16_row(&mut rng, s.adversarial))
+                    .collect();
                 f.set_input("latent", VTensor::bf16_bits(&[t, DIM], &latent));
                 f.set_input("positions", VTensor::i64(&[t], &positions));
                 let slots = cache_slots(&mut rng, t, s.adversarial);
@@ -1372,13 +1521,25 @@ pub mod cases {
                 let blocks = t.div_ceil(cap).max(1);
                 let perm = rng.permutation(blocks * cap);
                 let slots: Vec<i64> = (0..t)
-                    .map(|i| if s.adversarial && rng.below(20) == 0 { -1 } else { perm[i] as i64 })
+                    .map(|i| {
+                        if s.adversarial && rng.below(20) == 0 {
+                            -1
+                        } else {
+                            perm[i] as i64
+                        }
+                    })
                     .collect();
-                f.set_input("rows", VTensor::f32(&[t, 1024], &f32_rows(&mut rng, t, 1024, s.adversarial)));
+                f.set_input(
+                    "rows",
+                    VTensor::f32(&[t, 1024], &f32_rows(&mut rng, t, 1024, s.adversarial)),
+                );
                 f.set_input("slot_mapping", VTensor::i64(&[t], &slots));
                 f.set_input(
                     "state_cache",
-                    VTensor::f32(&[blocks, cap, 1024], &f32_rows(&mut rng, blocks * cap, 1024, false)),
+                    VTensor::f32(
+                        &[blocks, cap, 1024],
+                        &f32_rows(&mut rng, blocks * cap, 1024, false),
+                    ),
                 );
             }
         }
@@ -1446,12 +1607,26 @@ mod tests {
 
     #[test]
     fn exact_decimal_roundtrips() {
-        assert_eq!(f32_exact_decimal(1e-6), "0.0000009999999974752427078783512115478515625");
+        assert_eq!(
+            f32_exact_decimal(1e-6),
+            "0.0000009999999974752427078783512115478515625"
+        );
         assert_eq!(f32_exact_decimal(0.5), "0.5");
         assert_eq!(f32_exact_decimal(3.0), "3");
         assert_eq!(f32_exact_decimal(-0.0), "-0");
-        for x in [1e-6f32, 1e-5, 0.1, f32::MIN_POSITIVE, f32::from_bits(1), f32::MAX, 123.456] {
-            assert_eq!(f32_exact_decimal(x).parse::<f32>().unwrap().to_bits(), x.to_bits());
+        for x in [
+            1e-6f32,
+            1e-5,
+            0.1,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::MAX,
+            123.456,
+        ] {
+            assert_eq!(
+                f32_exact_decimal(x).parse::<f32>().unwrap().to_bits(),
+                x.to_bits()
+            );
         }
     }
 
@@ -1493,10 +1668,12 @@ mod tests {
             let mut f = make_case(&spec);
             f.capture_reference().unwrap();
             // The op wrote something: the outputs differ from the inputs.
-            let changed = OUTPUT_NAMES.iter().any(|n| match (f.input(n), f.expected(n)) {
-                (Some(a), Some(b)) => a.data != b.data,
-                _ => false,
-            });
+            let changed = OUTPUT_NAMES
+                .iter()
+                .any(|n| match (f.input(n), f.expected(n)) {
+                    (Some(a), Some(b)) => a.data != b.data,
+                    _ => false,
+                });
             assert!(changed, "{spec:?} wrote nothing");
             let bytes = f.to_bytes().unwrap();
             let g = VectorFile::from_bytes(&bytes).unwrap();

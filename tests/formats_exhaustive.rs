@@ -1,0 +1,425 @@
+//! Exhaustive and exact checks of the number formats and the shared math:
+//! BF16 against `half` on every f32, e4m3 against `float8` and against an
+//! exact reference, e2m1 on every code, tie and neighbour, UE8M0 on every
+//! byte, `math::exp`'s worst ulp error over `[-104, 0]`, and
+//! `math::block_scale_exponent` against f64 `log2` for every exponent.
+//!
+//! The 2^32 sweeps run in parallel with rayon over chunks of 2^20 inputs.
+
+use dsv4_kvcache::formats::{
+    bf16_from_f32, bf16_to_f32, e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, e4m3_to_f32, ue8m0_to_f32,
+};
+use dsv4_kvcache::math::{block_scale_exponent, exp};
+use float8::F8E4M3;
+use half::bf16;
+use rayon::prelude::*;
+
+/// The first input of `lo..hi` (bit patterns, `hi` exclusive, as u64) for
+/// which `bad` holds, searched in parallel chunks.
+fn find_bits(lo: u64, hi: u64, bad: impl Fn(u32) -> bool + Sync) -> Option<u32> {
+    const CHUNK: u64 = 1 << 20;
+    let chunks = (hi - lo).div_ceil(CHUNK);
+    (0..chunks)
+        .into_par_iter()
+        .filter_map(|k| {
+            let a = lo + k * CHUNK;
+            let b = (a + CHUNK).min(hi);
+            (a..b).map(|x| x as u32).find(|&x| bad(x))
+        })
+        .min()
+}
+
+// ---- BF16 -------------------------------------------------------------------------
+
+/// Ours against `half::bf16::from_f32` on all 2^32 f32 bit patterns: equal
+/// on every non-NaN input (round to nearest even, overflow to infinity,
+/// subnormals kept); every NaN gives our canonical `0x7FFF`, where `half`
+/// keeps the sign and payload and sets the quiet bit.
+#[test]
+fn bf16_encode_every_f32_against_half() {
+    let bad = find_bits(0, 1 << 32, |b| {
+        let x = f32::from_bits(b);
+        let ours = bf16_from_f32(x);
+        if x.is_nan() {
+            ours != 0x7fff
+        } else {
+            ours != bf16::from_f32(x).to_bits()
+        }
+    });
+    assert_eq!(bad, None, "first disagreement at f32 bits {:#010x}", bad.unwrap_or(0));
+    // Where half differs (NaN only): sign and payload kept, quiet bit set.
+    assert_eq!(bf16::from_f32(f32::from_bits(0xffc0_0000)).to_bits(), 0xffc0);
+    assert_eq!(bf16::from_f32(f32::from_bits(0x7f80_0001)).to_bits(), 0x7fc0);
+    assert_eq!(bf16_from_f32(f32::from_bits(0xffc0_0000)), 0x7fff);
+}
+
+/// Every BF16 code decodes to `code << 16`, which is what `half` gives for
+/// every non-NaN code; for NaN codes both give a NaN, but `half` sets the
+/// quiet bit of a signaling NaN (`0x7F81` → `0x7FC1_0000`) where ours keeps
+/// the bits.
+#[test]
+fn bf16_decode_every_code_against_half() {
+    for h in 0..=u16::MAX {
+        let ours = bf16_to_f32(h);
+        let theirs = bf16::from_bits(h).to_f32();
+        assert_eq!(ours.to_bits(), (h as u32) << 16, "code {h:#06x}");
+        if (h & 0x7fff) > 0x7f80 {
+            assert!(ours.is_nan() && theirs.is_nan(), "code {h:#06x}");
+            assert_eq!(theirs.to_bits(), ((h as u32) << 16) | 0x0040_0000, "half quiets {h:#06x}");
+        } else {
+            assert_eq!(ours.to_bits(), theirs.to_bits(), "code {h:#06x}");
+            assert_eq!(bf16_from_f32(ours), h, "round trip of {h:#06x}");
+        }
+    }
+}
+
+// ---- e4m3 -------------------------------------------------------------------------
+
+/// The exact value of e4m3fn code `c` (`c & 0x7f <= 0x7e`), from its fields.
+fn e4m3_value(c: u8) -> f64 {
+    let s = if c & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = ((c >> 3) & 0xf) as i32;
+    let m = (c & 7) as f64;
+    s * if e == 0 { m * 2f64.powi(-9) } else { (1.0 + m / 8.0) * 2f64.powi(e - 7) }
+}
+
+/// An exact e4m3 encoder: round to nearest, ties to the even code, by
+/// comparing with the two neighbouring code values in f64; saturating at
+/// 448 (`cvt.rn.satfinite`); NaN gives `0x7F`.
+fn e4m3_exact(x: f32) -> u8 {
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+    let a = (x as f64).abs();
+    if a >= 448.0 {
+        return sign | 0x7e;
+    }
+    // Largest code c with value(c) <= a (codes 0..=0x7e increase).
+    let (mut lo, mut hi) = (0u8, 0x7eu8);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if e4m3_value(mid) <= a {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let c = lo;
+    let v = e4m3_value(c);
+    if v == a {
+        return sign | c;
+    }
+    let half = (v + e4m3_value(c + 1)) / 2.0;
+    let up = a > half || (a == half && c % 2 == 1);
+    sign | if up { c + 1 } else { c }
+}
+
+/// Every code decodes to the value `float8::F8E4M3::to_f32` gives (NaN for
+/// `0x7F`/`0xFF`), and to the value its fields say.
+#[test]
+fn e4m3_decode_every_code() {
+    for c in 0..=255u8 {
+        let ours = e4m3_to_f32(c);
+        let theirs = F8E4M3::from_bits(c).to_f32();
+        if c & 0x7f == 0x7f {
+            assert!(ours.is_nan() && theirs.is_nan(), "code {c:#04x}");
+            continue;
+        }
+        assert_eq!(ours.to_bits(), theirs.to_bits(), "code {c:#04x}");
+        assert_eq!(ours as f64, e4m3_value(c), "code {c:#04x}");
+        assert_eq!(ours.is_sign_negative(), c & 0x80 != 0, "sign of code {c:#04x}");
+    }
+}
+
+/// `encode(decode(c)) == c` for every non-NaN code, `-0` (`0x80`) included.
+#[test]
+fn e4m3_round_trip_every_code() {
+    for c in 0..=255u8 {
+        if c & 0x7f != 0x7f {
+            assert_eq!(e4m3_from_f32(e4m3_to_f32(c)), c, "code {c:#04x}");
+        }
+    }
+}
+
+fn next_up(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() + 1)
+}
+
+fn next_down(x: f32) -> f32 {
+    if x == 0.0 {
+        -f32::from_bits(1)
+    } else {
+        f32::from_bits(x.to_bits() - 1)
+    }
+}
+
+/// Against the exact encoder on every boundary of every binade: each code
+/// value, each midpoint between neighbouring codes, and one f32 ulp on
+/// either side of both, with both signs; plus the saturation region, the
+/// underflow region and the specials.
+#[test]
+fn e4m3_encode_boundaries_and_midpoints_exact() {
+    let mut inputs: Vec<f32> = Vec::new();
+    for c in 0..=0x7eu8 {
+        let v = e4m3_value(c) as f32;
+        inputs.extend([v, next_up(v), next_down(v)]);
+        let upper = if c < 0x7e { e4m3_value(c + 1) } else { 464.0 };
+        let mid = ((e4m3_value(c) + upper) / 2.0) as f32;
+        assert_eq!(mid as f64, (e4m3_value(c) + upper) / 2.0, "midpoints are f32s");
+        inputs.extend([mid, next_up(mid), next_down(mid)]);
+    }
+    inputs.extend([
+        456.0,
+        464.0,
+        next_up(464.0),
+        480.0,
+        1e9,
+        f32::MAX,
+        f32::INFINITY,
+        2f32.powi(-10),
+        next_up(2f32.powi(-10)),
+        2f32.powi(-11),
+        f32::from_bits(1),
+        f32::MIN_POSITIVE,
+        0.0,
+    ]);
+    let n = inputs.len();
+    for i in 0..n {
+        inputs.push(-inputs[i]);
+    }
+    for x in inputs {
+        assert_eq!(e4m3_from_f32(x), e4m3_exact(x), "x = {x:e} ({:#010x})", x.to_bits());
+    }
+    assert_eq!(e4m3_from_f32(f32::NAN), 0x7f);
+    assert_eq!(e4m3_from_f32(-f32::NAN), 0x7f);
+    // The half-way points that matter most: ties go to the even code.
+    assert_eq!(e4m3_from_f32(464.0), 0x7e, "464 ties to 448 (even), not the NaN code");
+    assert_eq!(e4m3_from_f32(2f32.powi(-10)), 0x00, "half the smallest subnormal ties to 0");
+    assert_eq!(e4m3_from_f32(3.0 * 2f32.powi(-10)), 0x02, "1.5 subnormal steps tie to 2");
+}
+
+/// Against the exact encoder on every f32 from `2^-12` to 480 (all the
+/// binades e4m3 resolves, about 1.8e8 inputs), and on every 61st f32 of the
+/// whole negative range.
+#[test]
+fn e4m3_encode_dense_sweep_exact() {
+    let lo = 2f32.powi(-12).to_bits() as u64;
+    let hi = 480f32.to_bits() as u64 + 1;
+    let bad = find_bits(lo, hi, |b| {
+        let x = f32::from_bits(b);
+        e4m3_from_f32(x) != e4m3_exact(x)
+    });
+    assert_eq!(bad, None, "first disagreement at {:#010x}", bad.unwrap_or(0));
+    let bad = find_bits(0x8000_0000, 1 << 32, |b| {
+        if b % 61 != 0 {
+            return false;
+        }
+        let x = f32::from_bits(b);
+        e4m3_from_f32(x) != e4m3_exact(x)
+    });
+    assert_eq!(bad, None, "first disagreement at {:#010x}", bad.unwrap_or(0));
+}
+
+/// `float8::F8E4M3::from_f32` (0.7) is NVIDIA's `cvt.rn.satfinite` port: on
+/// all 2^32 inputs it agrees with ours on every non-NaN input (it saturates
+/// too: ±inf and everything above 464 give ±448, although its docs say
+/// "±∞ will result"). The one difference: a NaN keeps its sign there
+/// (`-NaN` → `0xFF`), where ours always gives `0x7F`.
+#[test]
+fn e4m3_encode_every_f32_against_float8() {
+    let bad = find_bits(0, 1 << 32, |b| {
+        let x = f32::from_bits(b);
+        let theirs = F8E4M3::from_f32(x).to_bits();
+        let ours = e4m3_from_f32(x);
+        if x.is_nan() {
+            ours != 0x7f || theirs != (0x7f | ((b >> 24) as u8 & 0x80))
+        } else {
+            ours != theirs
+        }
+    });
+    assert_eq!(bad, None, "first disagreement at {:#010x}", bad.unwrap_or(0));
+    assert_eq!(F8E4M3::from_f32(f32::INFINITY).to_bits(), 0x7e);
+    assert_eq!(F8E4M3::from_f32(-f32::NAN).to_bits(), 0xff);
+    assert_eq!(e4m3_from_f32(-f32::NAN), 0x7f);
+}
+
+// ---- e2m1 -------------------------------------------------------------------------
+
+const E2M1: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// The exact e2m1 code: nearest magnitude, ties to the even code,
+/// saturating at 6, sign bit 3 from `q`'s sign; NaN gives 0.
+fn e2m1_exact(q: f32) -> u8 {
+    if q.is_nan() {
+        return 0;
+    }
+    let sign = if q.is_sign_negative() { 8 } else { 0 };
+    let a = (q as f64).abs();
+    let mut best = 0usize;
+    for c in 1..8 {
+        let (d, db) = ((E2M1[c] - a).abs(), (E2M1[best] - a).abs());
+        if d < db || (d == db && c % 2 == 0) {
+            best = c;
+        }
+    }
+    sign | best as u8
+}
+
+#[test]
+fn e2m1_every_code() {
+    for c in 0..16u8 {
+        let v = e2m1_to_f32(c);
+        let want = if c & 8 != 0 { -E2M1[(c & 7) as usize] } else { E2M1[(c & 7) as usize] };
+        assert_eq!(v as f64, want, "code {c}");
+        assert_eq!(v.is_sign_negative(), c & 8 != 0, "sign of code {c}");
+        assert_eq!(e2m1_from_f32(v), c, "round trip of code {c}");
+        // The high nibble is ignored.
+        assert_eq!(e2m1_to_f32(c | 0xa0).to_bits(), v.to_bits());
+    }
+}
+
+/// Every tie goes to the even code, one f32 ulp off a tie goes to the
+/// nearer code, both signs; saturation, NaN, signed zeros.
+#[test]
+fn e2m1_ties_and_neighbours() {
+    let ties: [(f32, u8); 7] = [(0.25, 0), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6)];
+    for (t, even) in ties {
+        for s in [1.0f32, -1.0] {
+            let sign = if s < 0.0 { 8 } else { 0 };
+            assert_eq!(e2m1_from_f32(s * t), sign | even, "tie {}", s * t);
+            let lower = E2M1.iter().rposition(|&v| v < t as f64).expect("lower") as u8;
+            let upper = E2M1.iter().position(|&v| v > t as f64).expect("upper") as u8;
+            assert_eq!(e2m1_from_f32(s * next_down(t)), sign | lower, "just below {}", s * t);
+            assert_eq!(e2m1_from_f32(s * next_up(t)), sign | upper, "just above {}", s * t);
+            for x in [t, next_down(t), next_up(t)] {
+                assert_eq!(e2m1_from_f32(s * x), e2m1_exact(s * x));
+            }
+        }
+    }
+    for (x, c) in [
+        (6.0f32, 7u8),
+        (next_up(6.0), 7),
+        (1e30, 7),
+        (f32::MAX, 7),
+        (f32::INFINITY, 7),
+        (-f32::INFINITY, 15),
+        (-7.0, 15),
+        (0.0, 0),
+        (-0.0, 8),
+        (-1e-30, 8),
+        (f32::from_bits(1), 0),
+        (-f32::from_bits(1), 8),
+        (f32::NAN, 0),
+        (-f32::NAN, 0),
+        (f32::from_bits(0x7f80_0001), 0),
+    ] {
+        assert_eq!(e2m1_from_f32(x), c, "x = {x:e}");
+    }
+}
+
+/// Against the exact encoder on every f32 from `2^-6` to 8 (about 7.5e7
+/// inputs), both signs of every 7th.
+#[test]
+fn e2m1_dense_sweep_exact() {
+    let lo = 2f32.powi(-6).to_bits() as u64;
+    let hi = 8f32.to_bits() as u64 + 1;
+    let bad = find_bits(lo, hi, |b| {
+        let x = f32::from_bits(b);
+        e2m1_from_f32(x) != e2m1_exact(x) || (b % 7 == 0 && e2m1_from_f32(-x) != e2m1_exact(-x))
+    });
+    assert_eq!(bad, None, "first disagreement at {:#010x}", bad.unwrap_or(0));
+}
+
+// ---- UE8M0 ------------------------------------------------------------------------
+
+#[test]
+fn ue8m0_every_byte() {
+    for b in 0..=255u8 {
+        let v = ue8m0_to_f32(b);
+        if b == 255 {
+            assert!(v.is_nan());
+            continue;
+        }
+        let want = 2f64.powi(b as i32 - 127);
+        assert_eq!(v as f64, want, "byte {b}");
+        assert!(v > 0.0);
+    }
+    assert_eq!(ue8m0_to_f32(0).to_bits(), 0x0040_0000, "2^-127 is the subnormal 0x00400000");
+    assert_eq!(ue8m0_to_f32(127), 1.0);
+    assert_eq!(ue8m0_to_f32(254), 2f32.powi(127));
+}
+
+// ---- exp ----------------------------------------------------------------------------
+
+/// The distance from `got` to the exact `e^x`, in units of the f32 ulp at
+/// the exact value (subnormal results: units of 2^-149).
+fn exp_ulp_error(x: f32) -> f64 {
+    let exact = (x as f64).exp();
+    let got = exp(x) as f64;
+    let e = if exact < f32::MIN_POSITIVE as f64 { -149 } else { exact.log2().floor() as i32 - 23 };
+    (got - exact).abs() / 2f64.powi(e)
+}
+
+/// `math::exp` on every f32 in `[-104, 0]` (about 1.1e9 inputs, the range
+/// pooling uses: `s - max(s0, s1) <= 0`): the worst error, measured in
+/// ulps of the exact result, is at most 2 (the documented bound; the
+/// measurement printed with `--nocapture`), and results lie in `[0, 1]`.
+#[test]
+fn exp_max_ulp_error_over_the_pooling_range() {
+    let lo = 0x8000_0000u64; // -0.0
+    let hi = (-104.0f32).to_bits() as u64 + 1;
+    const CHUNK: u64 = 1 << 20;
+    let chunks = (hi - lo).div_ceil(CHUNK);
+    let (worst, at) = (0..chunks)
+        .into_par_iter()
+        .map(|k| {
+            let a = lo + k * CHUNK;
+            let b = (a + CHUNK).min(hi);
+            let mut worst = (0.0f64, 0u32);
+            for bits in a..b {
+                let x = f32::from_bits(bits as u32);
+                let e = exp_ulp_error(x);
+                let y = exp(x);
+                assert!(y <= 1.0 && y >= 0.0, "exp({x:e}) = {y:e}");
+                if e > worst.0 {
+                    worst = (e, bits as u32);
+                }
+            }
+            worst
+        })
+        .reduce(|| (0.0, 0), |p, q| if q.0 > p.0 { q } else { p });
+    println!("math::exp worst error over [-104, 0]: {worst:.4} ulp at x = {:e}", f32::from_bits(at));
+    assert!(worst <= 2.0, "worst error {worst} ulp at x = {:e}", f32::from_bits(at));
+    assert_eq!(exp(0.0), 1.0);
+    assert_eq!(exp(-0.0), 1.0);
+    assert_eq!(exp(-104.0), 0.0);
+    assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+    assert_eq!(exp(f32::NAN).to_bits(), 0x7fc0_0000);
+    assert_eq!(exp(-f32::NAN).to_bits(), 0x7fc0_0000);
+}
+
+// ---- block scale exponent --------------------------------------------------------------
+
+/// For every f32 exponent (normal numbers: the argument is
+/// `amax / 448 >= 1e-4 / 448`, never subnormal) and the first and last 64
+/// mantissas, `block_scale_exponent(x) == ceil(f32(log2 x))` with the log2
+/// computed in f64 and rounded to f32 (the seed's `log2f` is correctly
+/// rounded there: the margins to an f32 rounding boundary are far above
+/// f64's error).
+#[test]
+fn block_scale_exponent_every_exponent() {
+    for biased in 1..=254u32 {
+        for j in (0..64u32).chain((1 << 23) - 64..1 << 23) {
+            let x = f32::from_bits((biased << 23) | j);
+            let want = ((x as f64).log2() as f32).ceil() as i32;
+            assert_eq!(block_scale_exponent(x), Some(want), "x = {x:e} ({:#010x})", x.to_bits());
+        }
+    }
+    assert_eq!(block_scale_exponent(f32::INFINITY), None);
+    // The cases the table exists for: one ulp above a power of two whose
+    // log2 rounds back down to the exponent.
+    assert_eq!(block_scale_exponent(f32::from_bits((127 + 100) << 23 | 1)), Some(100));
+    assert_eq!(block_scale_exponent(f32::from_bits((127 - 100) << 23 | 1)), Some(-100));
+    assert_eq!(block_scale_exponent(f32::from_bits((127 + 1) << 23 | 1)), Some(2));
+}
