@@ -180,9 +180,11 @@ impl AmdArch {
     /// bytes, as read from a C buffer, are ignored). An empty string or one
     /// that is not `gfx<id>[:<feature>(+|-)]*` is an [`Error::Value`].
     pub fn parse(s: &str) -> Result<Self> {
-        let bad = |why: &str| Error::Value {
+        let bad = |why: &str| {
+            Error::Value {
             arg: "gcnArchName",
             problem: format!("{s:?} is not an AMDGPU architecture name ({why}; expected e.g. gfx942:sramecc+:xnack-)"),
+        }
         };
         let t = s.trim_end_matches('\0').trim();
         if t.is_empty() {
@@ -252,7 +254,10 @@ impl AmdArch {
                 self.name
             )
         };
-        Err(Error::Unavailable { backend: "hip", reason })
+        Err(Error::Unavailable {
+            backend: "hip",
+            reason,
+        })
     }
 }
 
@@ -299,7 +304,10 @@ mod tests {
         ] {
             let a = AmdArch::parse(s).unwrap();
             assert_eq!(a.name, name);
-            assert_eq!(a.features, vec!["sramecc+".to_string(), "xnack-".to_string()]);
+            assert_eq!(
+                a.features,
+                vec!["sramecc+".to_string(), "xnack-".to_string()]
+            );
             assert_eq!(a.feature("sramecc"), Some(true));
             assert_eq!(a.feature("xnack"), Some(false));
             assert_eq!(a.feature("cumode"), None);
@@ -314,8 +322,14 @@ mod tests {
             AmdArch::parse("gfx942:sramecc+:xnack-\0\0\0").unwrap(),
             AmdArch::parse(MI300X).unwrap()
         );
-        assert_eq!("gfx950:xnack+".parse::<AmdArch>().unwrap().feature("xnack"), Some(true));
-        assert_eq!(AmdArch::parse("gfx9-4-generic").unwrap().name, "gfx9-4-generic");
+        assert_eq!(
+            "gfx950:xnack+".parse::<AmdArch>().unwrap().feature("xnack"),
+            Some(true)
+        );
+        assert_eq!(
+            AmdArch::parse("gfx9-4-generic").unwrap().name,
+            "gfx9-4-generic"
+        );
     }
 
     #[test]
@@ -354,7 +368,13 @@ mod tests {
             (MI350X, "gfx950"),
             (MI355X, "gfx950"),
         ] {
-            assert_eq!(AmdArch::parse(s).unwrap().code_object_target_in(EMBEDDED).unwrap(), t);
+            assert_eq!(
+                AmdArch::parse(s)
+                    .unwrap()
+                    .code_object_target_in(EMBEDDED)
+                    .unwrap(),
+                t
+            );
         }
         for s in [MI250X, RX7900XTX] {
             let a = AmdArch::parse(s).unwrap();
@@ -452,7 +472,11 @@ mod tests {
                 other => panic!("{bad}: expected a Value error, got {other:?}"),
             }
         }
-        for p in [SanitizePolicy::Auto, SanitizePolicy::On, SanitizePolicy::Off] {
+        for p in [
+            SanitizePolicy::Auto,
+            SanitizePolicy::On,
+            SanitizePolicy::Off,
+        ] {
             assert_eq!(p.to_string().parse::<SanitizePolicy>().unwrap(), p);
             // The API override wins without reading the environment.
             assert_eq!(SanitizePolicy::resolve(Some(p)).unwrap(), p);

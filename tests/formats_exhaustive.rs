@@ -7,7 +7,8 @@
 //! The 2^32 sweeps run in parallel with rayon over chunks of 2^20 inputs.
 
 use dsv4_kvcache::formats::{
-    bf16_from_f32, bf16_to_f32, e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, e4m3_to_f32, ue8m0_to_f32,
+    bf16_from_f32, bf16_to_f32, e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, e4m3_to_f32,
+    ue8m0_to_f32,
 };
 use dsv4_kvcache::math::{block_scale_exponent, exp};
 use float8::F8E4M3;
@@ -46,10 +47,21 @@ fn bf16_encode_every_f32_against_half() {
             ours != bf16::from_f32(x).to_bits()
         }
     });
-    assert_eq!(bad, None, "first disagreement at f32 bits {:#010x}", bad.unwrap_or(0));
+    assert_eq!(
+        bad,
+        None,
+        "first disagreement at f32 bits {:#010x}",
+        bad.unwrap_or(0)
+    );
     // Where half differs (NaN only): sign and payload kept, quiet bit set.
-    assert_eq!(bf16::from_f32(f32::from_bits(0xffc0_0000)).to_bits(), 0xffc0);
-    assert_eq!(bf16::from_f32(f32::from_bits(0x7f80_0001)).to_bits(), 0x7fc0);
+    assert_eq!(
+        bf16::from_f32(f32::from_bits(0xffc0_0000)).to_bits(),
+        0xffc0
+    );
+    assert_eq!(
+        bf16::from_f32(f32::from_bits(0x7f80_0001)).to_bits(),
+        0x7fc0
+    );
     assert_eq!(bf16_from_f32(f32::from_bits(0xffc0_0000)), 0x7fff);
 }
 
@@ -65,7 +77,11 @@ fn bf16_decode_every_code_against_half() {
         assert_eq!(ours.to_bits(), (h as u32) << 16, "code {h:#06x}");
         if (h & 0x7fff) > 0x7f80 {
             assert!(ours.is_nan() && theirs.is_nan(), "code {h:#06x}");
-            assert_eq!(theirs.to_bits(), ((h as u32) << 16) | 0x0040_0000, "half quiets {h:#06x}");
+            assert_eq!(
+                theirs.to_bits(),
+                ((h as u32) << 16) | 0x0040_0000,
+                "half quiets {h:#06x}"
+            );
         } else {
             assert_eq!(ours.to_bits(), theirs.to_bits(), "code {h:#06x}");
             assert_eq!(bf16_from_f32(ours), h, "round trip of {h:#06x}");
@@ -80,7 +96,11 @@ fn e4m3_value(c: u8) -> f64 {
     let s = if c & 0x80 != 0 { -1.0 } else { 1.0 };
     let e = ((c >> 3) & 0xf) as i32;
     let m = (c & 7) as f64;
-    s * if e == 0 { m * 2f64.powi(-9) } else { (1.0 + m / 8.0) * 2f64.powi(e - 7) }
+    s * if e == 0 {
+        m * 2f64.powi(-9)
+    } else {
+        (1.0 + m / 8.0) * 2f64.powi(e - 7)
+    }
 }
 
 /// An exact e4m3 encoder: round to nearest, ties to the even code, by
@@ -128,7 +148,11 @@ fn e4m3_decode_every_code() {
         }
         assert_eq!(ours.to_bits(), theirs.to_bits(), "code {c:#04x}");
         assert_eq!(ours as f64, e4m3_value(c), "code {c:#04x}");
-        assert_eq!(ours.is_sign_negative(), c & 0x80 != 0, "sign of code {c:#04x}");
+        assert_eq!(
+            ours.is_sign_negative(),
+            c & 0x80 != 0,
+            "sign of code {c:#04x}"
+        );
     }
 }
 
@@ -166,7 +190,11 @@ fn e4m3_encode_boundaries_and_midpoints_exact() {
         inputs.extend([v, next_up(v), next_down(v)]);
         let upper = if c < 0x7e { e4m3_value(c + 1) } else { 464.0 };
         let mid = ((e4m3_value(c) + upper) / 2.0) as f32;
-        assert_eq!(mid as f64, (e4m3_value(c) + upper) / 2.0, "midpoints are f32s");
+        assert_eq!(
+            mid as f64,
+            (e4m3_value(c) + upper) / 2.0,
+            "midpoints are f32s"
+        );
         inputs.extend([mid, next_up(mid), next_down(mid)]);
     }
     inputs.extend([
@@ -189,14 +217,31 @@ fn e4m3_encode_boundaries_and_midpoints_exact() {
         inputs.push(-inputs[i]);
     }
     for x in inputs {
-        assert_eq!(e4m3_from_f32(x), e4m3_exact(x), "x = {x:e} ({:#010x})", x.to_bits());
+        assert_eq!(
+            e4m3_from_f32(x),
+            e4m3_exact(x),
+            "x = {x:e} ({:#010x})",
+            x.to_bits()
+        );
     }
     assert_eq!(e4m3_from_f32(f32::NAN), 0x7f);
     assert_eq!(e4m3_from_f32(-f32::NAN), 0x7f);
     // The half-way points that matter most: ties go to the even code.
-    assert_eq!(e4m3_from_f32(464.0), 0x7e, "464 ties to 448 (even), not the NaN code");
-    assert_eq!(e4m3_from_f32(2f32.powi(-10)), 0x00, "half the smallest subnormal ties to 0");
-    assert_eq!(e4m3_from_f32(3.0 * 2f32.powi(-10)), 0x02, "1.5 subnormal steps tie to 2");
+    assert_eq!(
+        e4m3_from_f32(464.0),
+        0x7e,
+        "464 ties to 448 (even), not the NaN code"
+    );
+    assert_eq!(
+        e4m3_from_f32(2f32.powi(-10)),
+        0x00,
+        "half the smallest subnormal ties to 0"
+    );
+    assert_eq!(
+        e4m3_from_f32(3.0 * 2f32.powi(-10)),
+        0x02,
+        "1.5 subnormal steps tie to 2"
+    );
 }
 
 /// Against the exact encoder on every f32 from `2^-12` to 480 (all the
@@ -210,7 +255,12 @@ fn e4m3_encode_dense_sweep_exact() {
         let x = f32::from_bits(b);
         e4m3_from_f32(x) != e4m3_exact(x)
     });
-    assert_eq!(bad, None, "first disagreement at {:#010x}", bad.unwrap_or(0));
+    assert_eq!(
+        bad,
+        None,
+        "first disagreement at {:#010x}",
+        bad.unwrap_or(0)
+    );
     let bad = find_bits(0x8000_0000, 1 << 32, |b| {
         if b % 61 != 0 {
             return false;
@@ -218,7 +268,12 @@ fn e4m3_encode_dense_sweep_exact() {
         let x = f32::from_bits(b);
         e4m3_from_f32(x) != e4m3_exact(x)
     });
-    assert_eq!(bad, None, "first disagreement at {:#010x}", bad.unwrap_or(0));
+    assert_eq!(
+        bad,
+        None,
+        "first disagreement at {:#010x}",
+        bad.unwrap_or(0)
+    );
 }
 
 /// `float8::F8E4M3::from_f32` (0.7) is NVIDIA's `cvt.rn.satfinite` port: on
@@ -238,7 +293,12 @@ fn e4m3_encode_every_f32_against_float8() {
             ours != theirs
         }
     });
-    assert_eq!(bad, None, "first disagreement at {:#010x}", bad.unwrap_or(0));
+    assert_eq!(
+        bad,
+        None,
+        "first disagreement at {:#010x}",
+        bad.unwrap_or(0)
+    );
     assert_eq!(F8E4M3::from_f32(f32::INFINITY).to_bits(), 0x7e);
     assert_eq!(F8E4M3::from_f32(-f32::NAN).to_bits(), 0xff);
     assert_eq!(e4m3_from_f32(-f32::NAN), 0x7f);
@@ -270,7 +330,11 @@ fn e2m1_exact(q: f32) -> u8 {
 fn e2m1_every_code() {
     for c in 0..16u8 {
         let v = e2m1_to_f32(c);
-        let want = if c & 8 != 0 { -E2M1[(c & 7) as usize] } else { E2M1[(c & 7) as usize] };
+        let want = if c & 8 != 0 {
+            -E2M1[(c & 7) as usize]
+        } else {
+            E2M1[(c & 7) as usize]
+        };
         assert_eq!(v as f64, want, "code {c}");
         assert_eq!(v.is_sign_negative(), c & 8 != 0, "sign of code {c}");
         assert_eq!(e2m1_from_f32(v), c, "round trip of code {c}");
@@ -283,15 +347,33 @@ fn e2m1_every_code() {
 /// nearer code, both signs; saturation, NaN, signed zeros.
 #[test]
 fn e2m1_ties_and_neighbours() {
-    let ties: [(f32, u8); 7] = [(0.25, 0), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6)];
+    let ties: [(f32, u8); 7] = [
+        (0.25, 0),
+        (0.75, 2),
+        (1.25, 2),
+        (1.75, 4),
+        (2.5, 4),
+        (3.5, 6),
+        (5.0, 6),
+    ];
     for (t, even) in ties {
         for s in [1.0f32, -1.0] {
             let sign = if s < 0.0 { 8 } else { 0 };
             assert_eq!(e2m1_from_f32(s * t), sign | even, "tie {}", s * t);
             let lower = E2M1.iter().rposition(|&v| v < t as f64).expect("lower") as u8;
             let upper = E2M1.iter().position(|&v| v > t as f64).expect("upper") as u8;
-            assert_eq!(e2m1_from_f32(s * next_down(t)), sign | lower, "just below {}", s * t);
-            assert_eq!(e2m1_from_f32(s * next_up(t)), sign | upper, "just above {}", s * t);
+            assert_eq!(
+                e2m1_from_f32(s * next_down(t)),
+                sign | lower,
+                "just below {}",
+                s * t
+            );
+            assert_eq!(
+                e2m1_from_f32(s * next_up(t)),
+                sign | upper,
+                "just above {}",
+                s * t
+            );
             for x in [t, next_down(t), next_up(t)] {
                 assert_eq!(e2m1_from_f32(s * x), e2m1_exact(s * x));
             }
@@ -328,7 +410,12 @@ fn e2m1_dense_sweep_exact() {
         let x = f32::from_bits(b);
         e2m1_from_f32(x) != e2m1_exact(x) || (b % 7 == 0 && e2m1_from_f32(-x) != e2m1_exact(-x))
     });
-    assert_eq!(bad, None, "first disagreement at {:#010x}", bad.unwrap_or(0));
+    assert_eq!(
+        bad,
+        None,
+        "first disagreement at {:#010x}",
+        bad.unwrap_or(0)
+    );
 }
 
 // ---- UE8M0 ------------------------------------------------------------------------
@@ -345,7 +432,11 @@ fn ue8m0_every_byte() {
         assert_eq!(v as f64, want, "byte {b}");
         assert!(v > 0.0);
     }
-    assert_eq!(ue8m0_to_f32(0).to_bits(), 0x0040_0000, "2^-127 is the subnormal 0x00400000");
+    assert_eq!(
+        ue8m0_to_f32(0).to_bits(),
+        0x0040_0000,
+        "2^-127 is the subnormal 0x00400000"
+    );
     assert_eq!(ue8m0_to_f32(127), 1.0);
     assert_eq!(ue8m0_to_f32(254), 2f32.powi(127));
 }
@@ -357,7 +448,11 @@ fn ue8m0_every_byte() {
 fn exp_ulp_error(x: f32) -> f64 {
     let exact = (x as f64).exp();
     let got = exp(x) as f64;
-    let e = if exact < f32::MIN_POSITIVE as f64 { -149 } else { exact.log2().floor() as i32 - 23 };
+    let e = if exact < f32::MIN_POSITIVE as f64 {
+        -149
+    } else {
+        exact.log2().floor() as i32 - 23
+    };
     (got - exact).abs() / 2f64.powi(e)
 }
 
@@ -389,8 +484,15 @@ fn exp_max_ulp_error_over_the_pooling_range() {
             worst
         })
         .reduce(|| (0.0, 0), |p, q| if q.0 > p.0 { q } else { p });
-    println!("math::exp worst error over [-104, 0]: {worst:.4} ulp at x = {:e}", f32::from_bits(at));
-    assert!(worst <= 2.0, "worst error {worst} ulp at x = {:e}", f32::from_bits(at));
+    println!(
+        "math::exp worst error over [-104, 0]: {worst:.4} ulp at x = {:e}",
+        f32::from_bits(at)
+    );
+    assert!(
+        worst <= 2.0,
+        "worst error {worst} ulp at x = {:e}",
+        f32::from_bits(at)
+    );
     assert_eq!(exp(0.0), 1.0);
     assert_eq!(exp(-0.0), 1.0);
     assert_eq!(exp(-104.0), 0.0);
@@ -413,13 +515,27 @@ fn block_scale_exponent_every_exponent() {
         for j in (0..64u32).chain((1 << 23) - 64..1 << 23) {
             let x = f32::from_bits((biased << 23) | j);
             let want = ((x as f64).log2() as f32).ceil() as i32;
-            assert_eq!(block_scale_exponent(x), Some(want), "x = {x:e} ({:#010x})", x.to_bits());
+            assert_eq!(
+                block_scale_exponent(x),
+                Some(want),
+                "x = {x:e} ({:#010x})",
+                x.to_bits()
+            );
         }
     }
     assert_eq!(block_scale_exponent(f32::INFINITY), None);
     // The cases the table exists for: one ulp above a power of two whose
     // log2 rounds back down to the exponent.
-    assert_eq!(block_scale_exponent(f32::from_bits((127 + 100) << 23 | 1)), Some(100));
-    assert_eq!(block_scale_exponent(f32::from_bits((127 - 100) << 23 | 1)), Some(-100));
-    assert_eq!(block_scale_exponent(f32::from_bits((127 + 1) << 23 | 1)), Some(2));
+    assert_eq!(
+        block_scale_exponent(f32::from_bits((127 + 100) << 23 | 1)),
+        Some(100)
+    );
+    assert_eq!(
+        block_scale_exponent(f32::from_bits((127 - 100) << 23 | 1)),
+        Some(-100)
+    );
+    assert_eq!(
+        block_scale_exponent(f32::from_bits((127 + 1) << 23 | 1)),
+        Some(2)
+    );
 }

@@ -92,7 +92,9 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|&x| bf16_from_f32(x).to_le_bytes()).collect()
+    v.iter()
+        .flat_map(|&x| bf16_from_f32(x).to_le_bytes())
+        .collect()
 }
 fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -143,12 +145,17 @@ fn mxfp8_inputs() -> InsertInputs {
             _ => (t * 5 + 3) % (BLOCKS * BLOCK_SIZE) as i32,
         })
         .collect();
-    let cache_init: Vec<u8> = (0..BLOCKS * BLOCK_SIZE * 528).map(|i| (i * 31 % 251) as u8).collect();
+    let cache_init: Vec<u8> = (0..BLOCKS * BLOCK_SIZE * 528)
+        .map(|i| (i * 31 % 251) as u8)
+        .collect();
     (latent, positions, slots, cache_init)
 }
 
 /// The MXFP8 insert's inputs, uploaded; `launch` runs the insert on them.
-fn mxfp8_insert_with<B: Backend>(b: &B, launch: impl FnOnce(&B, InsertArgs<'_, B::Buffer>)) -> (Vec<u8>, SkipCounts) {
+fn mxfp8_insert_with<B: Backend>(
+    b: &B,
+    launch: impl FnOnce(&B, InsertArgs<'_, B::Buffer>),
+) -> (Vec<u8>, SkipCounts) {
     let (latent, positions, slots, cache_init) = mxfp8_inputs();
     let latent_b = b.upload(&bf16_bytes(&latent)).unwrap();
     let pos_b = b.upload(&i64_bytes(&positions)).unwrap();
@@ -159,7 +166,10 @@ fn mxfp8_insert_with<B: Backend>(b: &B, launch: impl FnOnce(&B, InsertArgs<'_, B
     launch(
         b,
         InsertArgs {
-            latent: Tensor::new(&latent_b, TensorDesc::contiguous(DType::BF16, &[INSERT_N, 512])),
+            latent: Tensor::new(
+                &latent_b,
+                TensorDesc::contiguous(DType::BF16, &[INSERT_N, 512]),
+            ),
             positions: Tensor::new(&pos_b, TensorDesc::contiguous(DType::I64, &[INSERT_N])),
             cos_sin_cache: Tensor::new(&cos_b, TensorDesc::contiguous(DType::F32, &[MAX_POS, 64])),
             kv_cache: TensorMut::new(
@@ -218,8 +228,14 @@ fn cr2_compress<B: Backend>(b: &B) -> (Vec<u8>, Vec<u8>, SkipCounts) {
             TensorDesc::contiguous(DType::F32, &[2, cap, 1024]),
         )),
         slot_mapping: Tensor::new(&slots_b, TensorDesc::contiguous(DType::I32, &[n])),
-        query_start_loc: Some(Tensor::new(&qsl_b, TensorDesc::contiguous(DType::I32, &[3]))),
-        token_to_req_indices: Some(Tensor::new(&ttr_b, TensorDesc::contiguous(DType::I32, &[n]))),
+        query_start_loc: Some(Tensor::new(
+            &qsl_b,
+            TensorDesc::contiguous(DType::I32, &[3]),
+        )),
+        token_to_req_indices: Some(Tensor::new(
+            &ttr_b,
+            TensorDesc::contiguous(DType::I32, &[n]),
+        )),
         rms_norm_weight: Tensor::new(&w_b, TensorDesc::contiguous(DType::BF16, &[512])),
         rms_norm_eps: 1e-6,
         compress_ratio: 2,
@@ -260,13 +276,27 @@ fn device_matches_cpu_reference() {
             None,
             "MXFP8 cache bytes differ (sanitize {sanitize})"
         );
-        assert_eq!(got_skips, want_skips, "MXFP8 skip counts (sanitize {sanitize})");
-        assert!(want_skips.total() > 0, "the insert case exercises the skip counters");
+        assert_eq!(
+            got_skips, want_skips,
+            "MXFP8 skip counts (sanitize {sanitize})"
+        );
+        assert!(
+            want_skips.total() > 0,
+            "the insert case exercises the skip counters"
+        );
 
         let (want_lat, want_ring, want_skips) = cr2_compress(&cpu);
         let (got_lat, got_ring, got_skips) = cr2_compress(&hip);
-        assert_eq!(first_difference(&got_lat, &want_lat), None, "CR2 latent_out differs");
-        assert_eq!(first_difference(&got_ring, &want_ring), None, "CR2 ring differs");
+        assert_eq!(
+            first_difference(&got_lat, &want_lat),
+            None,
+            "CR2 latent_out differs"
+        );
+        assert_eq!(
+            first_difference(&got_ring, &want_ring),
+            None,
+            "CR2 ring differs"
+        );
         assert_eq!(got_skips, want_skips, "CR2 skip counts");
     }
     // The counters were read and zeroed.
@@ -288,15 +318,17 @@ fn graph_replay_and_event_timing() {
     assert_eq!(first_difference(&got, &want), None, "timed launch");
     assert_eq!(got_skips, want_skips);
     let captured = std::cell::Cell::new(false);
-    let (got, got_skips) = mxfp8_insert_with(&hip, |h, args| match h.capture(|h| h.rope_quant_insert(args)) {
-        Ok(graph) => {
-            graph.launch().unwrap();
-            captured.set(true);
+    let (got, got_skips) = mxfp8_insert_with(&hip, |h, args| {
+        match h.capture(|h| h.rope_quant_insert(args)) {
+            Ok(graph) => {
+                graph.launch().unwrap();
+                captured.set(true);
+            }
+            Err(Error::Unavailable { reason, .. }) => {
+                let _ = writeln!(std::io::stderr(), "SKIPPED: graph replay ({reason})");
+            }
+            Err(e) => panic!("capture: {e}"),
         }
-        Err(Error::Unavailable { reason, .. }) => {
-            let _ = writeln!(std::io::stderr(), "SKIPPED: graph replay ({reason})");
-        }
-        Err(e) => panic!("capture: {e}"),
     });
     if captured.get() {
         assert_eq!(first_difference(&got, &want), None, "graph replay");

@@ -69,10 +69,12 @@ fn compress_model(c: &Case, fx: &mut Effects) -> Vec<bool> {
     let nreq = qsl.len() as i64 - 1;
     let ring = c.state_cache.as_ref().expect("ring").desc;
     let (blocks, cap) = (ring.shape()[0] as i64, ring.shape()[1] as i64);
-    let prev = c
-        .prev_rows
-        .as_ref()
-        .map(|p| (p.desc.shape()[0] as i64, c.prev_row_indices.as_ref().expect("prev idx").indices()));
+    let prev = c.prev_rows.as_ref().map(|p| {
+        (
+            p.desc.shape()[0] as i64,
+            c.prev_row_indices.as_ref().expect("prev idx").indices(),
+        )
+    });
     for t in 0..n {
         let s = slots[t];
         if s < 0 {
@@ -127,7 +129,8 @@ fn compress_model(c: &Case, fx: &mut Effects) -> Vec<bool> {
                     fx.skips.slot_out_of_range += 1;
                     continue;
                 }
-                fx.ring.push(((s / cap) as usize, (s % cap) as usize, u as usize));
+                fx.ring
+                    .push(((s / cap) as usize, (s % cap) as usize, u as usize));
             }
         }
     }
@@ -171,7 +174,11 @@ fn model(c: &Case) -> Effects {
         Op::Fused { skip_latent_out } => {
             let p = compress_model(c, &mut fx);
             let pos = c.positions.as_ref().expect("positions").indices();
-            let cslots = c.cache_slot_mapping.as_ref().expect("cache slots").indices();
+            let cslots = c
+                .cache_slot_mapping
+                .as_ref()
+                .expect("cache slots")
+                .indices();
             for t in 0..c.n() {
                 if !p[t] {
                     continue;
@@ -227,7 +234,10 @@ fn record_ranges(cache: &Buf, slot: i64) -> Vec<Range<usize>> {
             let l = RecordLayout::from_record_width(d.shape()[2]).expect("paged width");
             let (v, s) = (l.value_bytes(), l.scale_bytes());
             let page = d.offset + block * d.strides()[0];
-            vec![page + row * v..page + (row + 1) * v, page + bs * v + row * s..page + bs * v + (row + 1) * s]
+            vec![
+                page + row * v..page + (row + 1) * v,
+                page + bs * v + row * s..page + bs * v + (row + 1) * s,
+            ]
         }
         dt => {
             let o = cache.offset_of(&[block, row]);
@@ -264,14 +274,24 @@ fn ring_range(ring: &Buf, block: usize, row: usize) -> Range<usize> {
 
 /// The bytes of source row `i` of a ring copy (`kv_score` or `rows`).
 fn source_row(c: &Case, i: usize) -> Vec<u8> {
-    let src = if c.kind.op == Op::SaveRing { &c.rows } else { &c.kv_score };
+    let src = if c.kind.op == Op::SaveRing {
+        &c.rows
+    } else {
+        &c.kv_score
+    };
     let src = src.as_ref().expect("source");
     let o = src.offset_of(&[i, 0]);
     src.bytes[o..o + 4096].to_vec()
 }
 
 /// Asserts that `after` equals `before` outside `allowed`.
-fn unchanged_outside(what: &str, name: &str, before: &[u8], after: &[u8], allowed: &[Range<usize>]) {
+fn unchanged_outside(
+    what: &str,
+    name: &str,
+    before: &[u8],
+    after: &[u8],
+    allowed: &[Range<usize>],
+) {
     assert_eq!(before.len(), after.len());
     let mut mask = vec![false; before.len()];
     for r in allowed {
@@ -279,7 +299,10 @@ fn unchanged_outside(what: &str, name: &str, before: &[u8], after: &[u8], allowe
     }
     for i in 0..before.len() {
         if !mask[i] && before[i] != after[i] {
-            panic!("{name}: {what} byte {i} changed ({:#04x} -> {:#04x}) outside every expected write", before[i], after[i]);
+            panic!(
+                "{name}: {what} byte {i} changed ({:#04x} -> {:#04x}) outside every expected write",
+                before[i], after[i]
+            );
         }
     }
 }
@@ -308,7 +331,11 @@ fn cos_sin_of(c: &Case, pos: i64) -> ([f32; 32], [f32; 32]) {
 fn rotate_spec(x: &[f32], cos: &[f32; 32], sin: &[f32; 32]) -> Vec<f32> {
     let mut r = vec![0.0f32; 512];
     for k in 0..256 {
-        let (c, s) = if k >= 224 { (cos[k - 224], sin[k - 224]) } else { (1.0, 0.0) };
+        let (c, s) = if k >= 224 {
+            (cos[k - 224], sin[k - 224])
+        } else {
+            (1.0, 0.0)
+        };
         let (e, o) = (x[2 * k], x[2 * k + 1]);
         r[2 * k] = e.mul_add(c, -(o * s));
         r[2 * k + 1] = o.mul_add(c, e * s);
@@ -318,7 +345,13 @@ fn rotate_spec(x: &[f32], cos: &[f32; 32], sin: &[f32; 32]) -> Vec<f32> {
 
 /// The insert's input latent of token `t`, as f32.
 fn latent_of(c: &Case, t: usize) -> Vec<f32> {
-    c.latent.as_ref().expect("latent").u16_row(t).into_iter().map(bf16_to_f32).collect()
+    c.latent
+        .as_ref()
+        .expect("latent")
+        .u16_row(t)
+        .into_iter()
+        .map(bf16_to_f32)
+        .collect()
 }
 
 // ---- 1. canary -------------------------------------------------------------------------
@@ -331,27 +364,52 @@ fn check_canary(c: &Case) {
         let allowed: Vec<_> = fx.latents.iter().map(|&t| latent_range(l, t)).collect();
         unchanged_outside("latent_out", &c.name, &l.bytes, after, &allowed);
         for r in allowed {
-            assert_ne!(after[r.clone()], l.bytes[r.clone()], "{}: latent row at {r:?} not written", c.name);
+            assert_ne!(
+                after[r.clone()],
+                l.bytes[r.clone()],
+                "{}: latent row at {r:?} not written",
+                c.name
+            );
         }
     }
     if let (Some(k), Some(after)) = (&c.kv_cache, &out.kv_cache) {
-        let allowed: Vec<_> = fx.records.iter().flat_map(|&(_, s)| record_ranges(k, s)).collect();
+        let allowed: Vec<_> = fx
+            .records
+            .iter()
+            .flat_map(|&(_, s)| record_ranges(k, s))
+            .collect();
         unchanged_outside("kv_cache", &c.name, &k.bytes, after, &allowed);
         for &(t, s) in &fx.records {
             let (v0, s0) = record_of(k, &k.bytes, s);
             let (v1, s1) = record_of(k, after, s);
-            assert!(v0 != v1 || s0 != s1, "{}: record of token {t} (slot {s}) not written", c.name);
+            assert!(
+                v0 != v1 || s0 != s1,
+                "{}: record of token {t} (slot {s}) not written",
+                c.name
+            );
         }
     }
     if let (Some(ring), Some(after)) = (&c.state_cache, &out.state_cache) {
-        let allowed: Vec<_> = fx.ring.iter().map(|&(b, r, _)| ring_range(ring, b, r)).collect();
+        let allowed: Vec<_> = fx
+            .ring
+            .iter()
+            .map(|&(b, r, _)| ring_range(ring, b, r))
+            .collect();
         unchanged_outside("state_cache", &c.name, &ring.bytes, after, &allowed);
         // Each copied row holds the bytes of its last writer.
         for (i, &(b, r, src)) in fx.ring.iter().enumerate() {
-            if fx.ring[i + 1..].iter().any(|&(b2, r2, _)| (b2, r2) == (b, r)) {
+            if fx.ring[i + 1..]
+                .iter()
+                .any(|&(b2, r2, _)| (b2, r2) == (b, r))
+            {
                 continue;
             }
-            assert_eq!(after[ring_range(ring, b, r)], source_row(c, src)[..], "{}: ring row ({b}, {r})", c.name);
+            assert_eq!(
+                after[ring_range(ring, b, r)],
+                source_row(c, src)[..],
+                "{}: ring row ({b}, {r})",
+                c.name
+            );
         }
     }
 }
@@ -412,7 +470,13 @@ fn prefill_strategy() -> impl Strategy<Value = Prefill> {
     (1usize..=3, 1usize..=4, any::<u64>(), any::<bool>())
         .prop_flat_map(|(nreq, cap, seed, index_i64)| {
             let req = (0i64..9, proptest::collection::vec(0usize..5, 1..5));
-            (proptest::collection::vec(req, nreq), Just(cap), Just(seed), Just(index_i64), 0usize..2)
+            (
+                proptest::collection::vec(req, nreq),
+                Just(cap),
+                Just(seed),
+                Just(index_i64),
+                0usize..2,
+            )
         })
         .prop_map(|(reqs, cap, seed, index_i64, extra_blocks)| {
             let n = reqs.len();
@@ -422,7 +486,11 @@ fn prefill_strategy() -> impl Strategy<Value = Prefill> {
                 reqs: reqs
                     .into_iter()
                     .zip(blocks)
-                    .map(|((start_pos, splits), block)| Req { block, start_pos, splits })
+                    .map(|((start_pos, splits), block)| Req {
+                        block,
+                        start_pos,
+                        splits,
+                    })
                     .collect(),
                 cap,
                 blocks: n + extra_blocks,
@@ -475,7 +543,11 @@ fn prefill_spec(
 }
 
 /// Latent bytes per (request, token) of a compress output.
-fn latents_by_token(c: &Case, out: &Outputs, ranges: &[Range<usize>]) -> Vec<(usize, usize, Vec<u8>)> {
+fn latents_by_token(
+    c: &Case,
+    out: &Outputs,
+    ranges: &[Range<usize>],
+) -> Vec<(usize, usize, Vec<u8>)> {
     let l = c.latent.as_ref().expect("latent");
     let bytes = out.latent.as_ref().expect("latent out");
     let mut t = 0;
@@ -507,11 +579,18 @@ fn check_prefill(p: &Prefill) {
         .collect();
     let w = weight(&mut rng);
     let ring0 = RingSpec::random(&mut rng, p.blocks, p.cap, false);
-    let geo = Geo { offset: 64, tail: 16 };
+    let geo = Geo {
+        offset: 64,
+        tail: 16,
+    };
 
     // One call with every request's whole chunk.
     let whole: Vec<Range<usize>> = rows.iter().map(|r| 0..r.len()).collect();
-    let one = compress_case("prefill whole", &prefill_spec(p, &rows, &whole, &w, &ring0, geo), false);
+    let one = compress_case(
+        "prefill whole",
+        &prefill_spec(p, &rows, &whole, &w, &ring0, geo),
+        false,
+    );
     let one_out = run(&one);
     let mut want = latents_by_token(&one, &one_out, &whole);
 
@@ -532,8 +611,16 @@ fn check_prefill(p: &Prefill) {
                 rg
             })
             .collect();
-        let mut c = compress_case(&format!("prefill call {k}"), &prefill_spec(p, &rows, &ranges, &w, &ring0, geo), false);
-        c.state_cache.as_mut().expect("ring").bytes.clone_from(&ring_bytes);
+        let mut c = compress_case(
+            &format!("prefill call {k}"),
+            &prefill_spec(p, &rows, &ranges, &w, &ring0, geo),
+            false,
+        );
+        c.state_cache
+            .as_mut()
+            .expect("ring")
+            .bytes
+            .clone_from(&ring_bytes);
         let out = run(&c);
         got.extend(latents_by_token(&c, &out, &ranges));
         ring_bytes = out.state_cache.expect("ring out");
@@ -543,9 +630,17 @@ fn check_prefill(p: &Prefill) {
     assert_eq!(want.len(), got.len());
     for (a, b) in want.iter().zip(&got) {
         assert_eq!((a.0, a.1), (b.0, b.1));
-        assert!(a.2 == b.2, "{p:?}: latent of request {} token {} differs", a.0, a.1);
+        assert!(
+            a.2 == b.2,
+            "{p:?}: latent of request {} token {} differs",
+            a.0,
+            a.1
+        );
     }
-    assert!(ring_bytes == one_out.state_cache.expect("ring"), "{p:?}: final ring differs");
+    assert!(
+        ring_bytes == one_out.state_cache.expect("ring"),
+        "{p:?}: final ring differs"
+    );
 }
 
 proptest! {
@@ -600,7 +695,11 @@ fn check_prev_rows_path(seed: u64, index_i64: bool) {
         fill_kv_rows(&mut rng, &mut decoy, false);
         prev_rows.extend(decoy);
         idx[r] = (prev_rows.len() / 1024) as i64;
-        prev_rows.extend(bytes.chunks(4).map(|b| f32::from_le_bytes(b.try_into().expect("4"))));
+        prev_rows.extend(
+            bytes
+                .chunks(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4"))),
+        );
     }
     if prev_rows.is_empty() {
         prev_rows = vec![1.0; 1024];
@@ -611,8 +710,15 @@ fn check_prev_rows_path(seed: u64, index_i64: bool) {
     pc.prev_rows = Some(Buf::f32_rows(&prev_rows, pr, 1024, 1024 + 16, 0, 0));
     pc.prev_row_indices = Some(Buf::index(&idx, index_i64, 0, 8));
     let prev_out = run(&pc);
-    assert_eq!(prev_out.latent, ring_out.latent, "seed {seed:#x}: latents of the prev_rows path");
-    assert_eq!(prev_out.state_cache.as_ref(), Some(&ring.bytes), "seed {seed:#x}: prev_rows path must leave the ring");
+    assert_eq!(
+        prev_out.latent, ring_out.latent,
+        "seed {seed:#x}: latents of the prev_rows path"
+    );
+    assert_eq!(
+        prev_out.state_cache.as_ref(),
+        Some(&ring.bytes),
+        "seed {seed:#x}: prev_rows path must leave the ring"
+    );
 
     // save_ring_rows with the rows the ring path stores: the last
     // min(len, capacity) tokens of each chunk whose first slot is valid.
@@ -635,10 +741,22 @@ fn check_prev_rows_path(seed: u64, index_i64: bool) {
         row_pad: 0,
         block_pad: 0,
     };
-    let mut sc = ring_case("save_ring_rows", &rows, 0, &ring_slots, &dummy, index_i64, Geo::PLAIN, false);
+    let mut sc = ring_case(
+        "save_ring_rows",
+        &rows,
+        0,
+        &ring_slots,
+        &dummy,
+        index_i64,
+        Geo::PLAIN,
+        false,
+    );
     sc.state_cache = Some(ring.clone());
     let save_out = run(&sc);
-    assert_eq!(save_out.state_cache, ring_out.state_cache, "seed {seed:#x}: ring after save_ring_rows");
+    assert_eq!(
+        save_out.state_cache, ring_out.state_cache,
+        "seed {seed:#x}: ring after save_ring_rows"
+    );
 }
 
 proptest! {
@@ -672,7 +790,9 @@ fn wide_latent(rng: &mut Prng) -> Vec<u16> {
                 0 => 0x0000,
                 1 => 0x8000,
                 2 => 0x0001 + rng.below(0x7f) as u16,
-                _ => dsv4_kvcache::formats::bf16_from_f32(rng.f32_exp(center - spread, center + spread)),
+                _ => dsv4_kvcache::formats::bf16_from_f32(
+                    rng.f32_exp(center - spread, center + spread),
+                ),
             };
             v.push(x);
         }
@@ -686,8 +806,19 @@ fn wide_insert_case(seed: u64, layout: RecordLayout, cr: u32, cos_bf16: bool) ->
     let latent: Vec<u16> = (0..n).flat_map(|_| wide_latent(&mut rng)).collect();
     let positions: Vec<i64> = (0..n).map(|_| rng.range(0, 15) | (cr as i64 - 1)).collect();
     let mut cache = CacheSpec::random(&mut rng, layout, n);
-    cache.fp8_scale = rng.pick(&[1.0, 2f32.powi(-20), 2f32.powi(20), 0.37, 13.0, 2f32.powi(-8)]);
-    let slots: Vec<i64> = rng.distinct(cache.capacity(), n).into_iter().map(|s| s as i64).collect();
+    cache.fp8_scale = rng.pick(&[
+        1.0,
+        2f32.powi(-20),
+        2f32.powi(20),
+        0.37,
+        13.0,
+        2f32.powi(-8),
+    ]);
+    let slots: Vec<i64> = rng
+        .distinct(cache.capacity(), n)
+        .into_iter()
+        .map(|s| s as i64)
+        .collect();
     let spec = InsertSpec {
         cr,
         latent,
@@ -698,7 +829,11 @@ fn wide_insert_case(seed: u64, layout: RecordLayout, cr: u32, cos_bf16: bool) ->
         index_i64: false,
         geo: Geo::PLAIN,
     };
-    insert_case(&format!("wide {} seed {seed:#x}", layout.name()), &spec, false)
+    insert_case(
+        &format!("wide {} seed {seed:#x}", layout.name()),
+        &spec,
+        false,
+    )
 }
 
 /// Half the spacing of the e2m1 grid around `a >= 0` (the largest rounding
@@ -750,7 +885,15 @@ fn e2m1_err(a: f64) -> f64 {
 ///   `|d - r| <= |r| 2^-8 + fs max(|v| 2^-4, 2^-10) + |r| 2^-20 + 2^-140`
 ///   (bf16 rounding, e4m3 rounding, then the reciprocal's, the product's and
 ///   the decode's roundings).
-fn check_bounds(name: &str, layout: RecordLayout, x: &[f32], r: &[f32], values: &[u8], scales: &[u8], fs: f32) {
+fn check_bounds(
+    name: &str,
+    layout: RecordLayout,
+    x: &[f32],
+    r: &[f32],
+    values: &[u8],
+    scales: &[u8],
+    fs: f32,
+) {
     let d = decode_record(layout, values, scales, fs);
     let fail = |i: usize, bound: f64, extra: &str| {
         panic!(
@@ -765,11 +908,19 @@ fn check_bounds(name: &str, layout: RecordLayout, x: &[f32], r: &[f32], values: 
     };
     let fp8_block = |i0: usize, len: usize, src: &[f32], sbyte: u8| {
         let e = sbyte as i32 - 127;
-        let amax = src[i0..i0 + len].iter().fold(0.0f64, |m, &v| m.max((v as f64).abs()));
+        let amax = src[i0..i0 + len]
+            .iter()
+            .fold(0.0f64, |m, &v| m.max((v as f64).abs()));
         let floor = (dsv4_kvcache::math::AMAX_FLOOR as f64).max(amax) / 448.0;
         // Smallest power of two covering the block (up to log2f rounding).
-        assert!(2f64.powi(e) * (1.0 + 1e-6) >= floor, "{name}: scale 2^{e} below amax {amax:e} / 448");
-        assert!(2f64.powi(e - 1) < floor * (1.0 + 1e-6), "{name}: scale 2^{e} not the smallest for amax {amax:e}");
+        assert!(
+            2f64.powi(e) * (1.0 + 1e-6) >= floor,
+            "{name}: scale 2^{e} below amax {amax:e} / 448"
+        );
+        assert!(
+            2f64.powi(e - 1) < floor * (1.0 + 1e-6),
+            "{name}: scale 2^{e} not the smallest for amax {amax:e}"
+        );
         for i in i0..i0 + len {
             let bound = ((src[i] as f64).abs() * 2f64.powi(-4)).max(2f64.powi(e - 10));
             if (d[i] as f64 - src[i] as f64).abs() > bound {
@@ -801,7 +952,9 @@ fn check_bounds(name: &str, layout: RecordLayout, x: &[f32], r: &[f32], values: 
         RecordLayout::Nvfp4 => {
             for t in 0..32 {
                 let s = e4m3_to_f32(scales[t]);
-                let amax = r[16 * t..16 * t + 16].iter().fold(0.0f64, |m, &v| m.max((v as f64).abs()));
+                let amax = r[16 * t..16 * t + 16]
+                    .iter()
+                    .fold(0.0f64, |m, &v| m.max((v as f64).abs()));
                 let want = (amax / 6.0).clamp(2f64.powi(-9), 448.0);
                 let tol = (want * 2f64.powi(-4)).max(2f64.powi(-10)) * (1.0 + 1e-6);
                 assert!(
@@ -810,7 +963,8 @@ fn check_bounds(name: &str, layout: RecordLayout, x: &[f32], r: &[f32], values: 
                 );
                 for i in 16 * t..16 * t + 16 {
                     let q = r[i] / s;
-                    let bound = s as f64 * e2m1_err((q as f64).abs()) + (r[i] as f64).abs() * 2f64.powi(-22);
+                    let bound = s as f64 * e2m1_err((q as f64).abs())
+                        + (r[i] as f64).abs() * 2f64.powi(-22);
                     if (d[i] as f64 - r[i] as f64).abs() > bound {
                         fail(i, bound, &format!("(tile scale {s:e})"));
                     }
@@ -836,7 +990,11 @@ fn check_bounds(name: &str, layout: RecordLayout, x: &[f32], r: &[f32], values: 
                 let v = b / fs64;
                 let err = (d[i] as f64 - r[i] as f64).abs();
                 if v.abs() >= 448.0 * (1.0 + 2f64.powi(-20)) {
-                    assert_eq!(d[i], (448.0f32 * fs).copysign(r[i]), "{name}: dim {i} saturates");
+                    assert_eq!(
+                        d[i],
+                        (448.0f32 * fs).copysign(r[i]),
+                        "{name}: dim {i} saturates"
+                    );
                     continue;
                 }
                 let ra = (r[i] as f64).abs();
@@ -862,7 +1020,11 @@ fn check_decode(c: &Case) {
         let x = latent_of(c, t);
         let (cs, sn) = cos_sin_of(c, pos[t]);
         let r = rotate_spec(&x, &cs, &sn);
-        assert!(r.iter().all(|v| v.is_finite()), "{}: finite rotation expected", c.name);
+        assert!(
+            r.iter().all(|v| v.is_finite()),
+            "{}: finite rotation expected",
+            c.name
+        );
         let (v, s) = record_of(cache, out.kv_cache.as_ref().expect("cache out"), slot);
         check_bounds(&c.name, layout, &x, &r, &v, &s, fs);
     }
@@ -895,7 +1057,9 @@ proptest! {
 fn decode_bounds_hold_on_adversarial_finite_latents() {
     // The adversarial rows that are finite and stay far from the BF16 max.
     for (name, row) in adversarial_latents() {
-        let fin = row.iter().all(|&h| (h & 0x7f80) != 0x7f80 && (h & 0x7fff) < 0x7f00);
+        let fin = row
+            .iter()
+            .all(|&h| (h & 0x7f80) != 0x7f80 && (h & 0x7fff) < 0x7f00);
         if !fin {
             continue;
         }
@@ -912,7 +1076,11 @@ fn decode_bounds_hold_on_adversarial_finite_latents() {
                     index_i64: false,
                     geo: Geo::PLAIN,
                 };
-                check_decode(&insert_case(&format!("{name} {}", layout.name()), &spec, false));
+                check_decode(&insert_case(
+                    &format!("{name} {}", layout.name()),
+                    &spec,
+                    false,
+                ));
             }
         }
     }
@@ -927,7 +1095,10 @@ fn bf16_relative_error_reaches_2_pow_minus_8() {
     let x = 1.0f32 + 2f32.powi(-8);
     let d = bf16_to_f32(dsv4_kvcache::formats::bf16_from_f32(x));
     let rel = (d as f64 - x as f64).abs() / x as f64;
-    assert!(rel > 2f64.powi(-9) && rel <= 2f64.powi(-8), "relative error {rel:e}");
+    assert!(
+        rel > 2f64.powi(-9) && rel <= 2f64.powi(-8),
+        "relative error {rel:e}"
+    );
 }
 
 /// Not a defect of the encoder: a block whose largest value is near the
@@ -938,9 +1109,21 @@ fn bf16_relative_error_reaches_2_pow_minus_8() {
 fn decode_near_bf16_max_overflows_f32() {
     let mut lat = [0u16; 512];
     lat[0] = 0x7f7f;
-    let rec = dsv4_kvcache::reference::encode_record(RecordLayout::Mxfp8, &lat, &[1.0; 32], &[0.0; 32], false, 1.0);
+    let rec = dsv4_kvcache::reference::encode_record(
+        RecordLayout::Mxfp8,
+        &lat,
+        &[1.0; 32],
+        &[0.0; 32],
+        false,
+        1.0,
+    );
     assert_eq!((rec.values[0], rec.scales[0]), (0x78, 247));
-    let d = decode_record(RecordLayout::Mxfp8, &rec.values[..512], &rec.scales[..16], 1.0);
+    let d = decode_record(
+        RecordLayout::Mxfp8,
+        &rec.values[..512],
+        &rec.scales[..16],
+        1.0,
+    );
     assert_eq!(d[0], f32::INFINITY);
 }
 
@@ -961,10 +1144,21 @@ fn is_bf16_inf(h: u16) -> bool {
 /// scale byte is 255 (254 sanitized), infinite and NaN elements give `0x7E`
 /// (NaN sanitized to 0 gives `0x00`), finite ones `±0`; without an infinity a
 /// NaN element gives `0x7E` (`0x00` when sanitized).
-fn check_fp8_block_specials(name: &str, src: &[f32], bytes: &[u8], scale: u8, nan_to_zero: bool, sanitize: bool) {
+fn check_fp8_block_specials(
+    name: &str,
+    src: &[f32],
+    bytes: &[u8],
+    scale: u8,
+    nan_to_zero: bool,
+    sanitize: bool,
+) {
     let has_inf = src.iter().any(|v| v.is_infinite());
     if has_inf {
-        assert_eq!(scale, if sanitize { 254 } else { 255 }, "{name}: scale of a block with inf");
+        assert_eq!(
+            scale,
+            if sanitize { 254 } else { 255 },
+            "{name}: scale of a block with inf"
+        );
     } else {
         assert!(scale < 254, "{name}: scale {scale} of a finite block");
     }
@@ -1000,7 +1194,10 @@ fn check_specials(c: &Case) {
         let (cs, sn) = cos_sin_of(c, pos[t]);
         let r = rotate_spec(&x, &cs, &sn);
         // The paged layouts sanitize the rotated vector (V4: its RoPE part).
-        let rs: Vec<f32> = r.iter().map(|&v| if san && v.is_nan() { 0.0 } else { v }).collect();
+        let rs: Vec<f32> = r
+            .iter()
+            .map(|&v| if san && v.is_nan() { 0.0 } else { v })
+            .collect();
         let (v, s) = record_of(cache, after, slot);
         let name = format!("{} token {t}", c.name);
         // Finite latents small enough that RoPE cannot overflow (see
@@ -1010,7 +1207,14 @@ fn check_specials(c: &Case) {
             RecordLayout::V4 => {
                 for b in 0..7 {
                     // NoPE: quantized from the unrotated latent, never sanitized.
-                    check_fp8_block_specials(&name, &x[64 * b..64 * b + 64], &v[64 * b..64 * b + 64], s[b], false, san);
+                    check_fp8_block_specials(
+                        &name,
+                        &x[64 * b..64 * b + 64],
+                        &v[64 * b..64 * b + 64],
+                        s[b],
+                        false,
+                        san,
+                    );
                 }
                 assert_eq!(s[7], 0);
                 for i in 448..512 {
@@ -1031,21 +1235,42 @@ fn check_specials(c: &Case) {
             }
             RecordLayout::Mxfp8 => {
                 for b in 0..16 {
-                    check_fp8_block_specials(&name, &rs[32 * b..32 * b + 32], &v[32 * b..32 * b + 32], s[b], san, san);
+                    check_fp8_block_specials(
+                        &name,
+                        &rs[32 * b..32 * b + 32],
+                        &v[32 * b..32 * b + 32],
+                        s[b],
+                        san,
+                        san,
+                    );
                 }
-                assert!(!v.iter().any(|b| NAN_E4M3.contains(b)), "{name}: e4m3 NaN byte");
+                assert!(
+                    !v.iter().any(|b| NAN_E4M3.contains(b)),
+                    "{name}: e4m3 NaN byte"
+                );
                 if san {
                     assert!(!s.contains(&255), "{name}: UE8M0 255 under sanitizing");
                 }
             }
             RecordLayout::Nvfp4 => {
-                assert!(!s.iter().any(|b| NAN_E4M3.contains(b)), "{name}: e4m3 NaN scale");
+                assert!(
+                    !s.iter().any(|b| NAN_E4M3.contains(b)),
+                    "{name}: e4m3 NaN scale"
+                );
                 for i in 0..512 {
-                    let code = if i % 2 == 0 { v[i / 2] & 0xf } else { v[i / 2] >> 4 };
+                    let code = if i % 2 == 0 {
+                        v[i / 2] & 0xf
+                    } else {
+                        v[i / 2] >> 4
+                    };
                     if rs[i].is_nan() {
                         assert_eq!(code, 0, "{name}: NaN element {i} gives code 0");
                     } else if rs[i].is_infinite() {
-                        assert_eq!(code, if rs[i] > 0.0 { 7 } else { 15 }, "{name}: inf element {i} saturates");
+                        assert_eq!(
+                            code,
+                            if rs[i] > 0.0 { 7 } else { 15 },
+                            "{name}: inf element {i} saturates"
+                        );
                     }
                 }
             }
@@ -1064,10 +1289,17 @@ fn check_specials(c: &Case) {
                     } else if r[i].is_infinite() {
                         let fs = scalar_f32(c.fp8_scale.as_ref().expect("scale"));
                         let pos_out = (r[i] > 0.0) == (fs > 0.0);
-                        assert_eq!(v[i], if pos_out { 0x7e } else { 0xfe }, "{name}: inf element {i}");
+                        assert_eq!(
+                            v[i],
+                            if pos_out { 0x7e } else { 0xfe },
+                            "{name}: inf element {i}"
+                        );
                     }
                 }
-                assert!(!v.iter().any(|b| NAN_E4M3.contains(b)), "{name}: e4m3 NaN byte");
+                assert!(
+                    !v.iter().any(|b| NAN_E4M3.contains(b)),
+                    "{name}: e4m3 NaN byte"
+                );
             }
         }
     }
@@ -1135,10 +1367,17 @@ fn spec_finite_latent_never_encodes_infinity_() {
     };
     let c = insert_case("finite latent near max", &spec, true);
     let out = run(&c);
-    let (v, _) = record_of(c.kv_cache.as_ref().expect("cache"), out.kv_cache.as_ref().expect("out"), 0);
+    let (v, _) = record_of(
+        c.kv_cache.as_ref().expect("cache"),
+        out.kv_cache.as_ref().expect("out"),
+        0,
+    );
     for i in 448..512 {
         let h = u16::from_le_bytes([v[448 + 2 * (i - 448)], v[449 + 2 * (i - 448)]]);
-        assert!(!is_bf16_inf(h), "dim {i}: infinity {h:#06x} from a finite latent under sanitizing");
+        assert!(
+            !is_bf16_inf(h),
+            "dim {i}: infinity {h:#06x} from a finite latent under sanitizing"
+        );
     }
 }
 
@@ -1160,8 +1399,16 @@ fn spec_finite_latent_never_encodes_infinity_() {
 ///   the rule is about the sign bit, not about `e >= 0`.
 /// Every other element is bit-identical to the latent.
 fn nope_expected(e: u16, o: u16) -> (u16, u16) {
-    let even = if e == 0x8000 && (o & 0x8000) != 0 { 0x0000 } else { e };
-    let odd = if o == 0x8000 && (e & 0x8000) == 0 { 0x0000 } else { o };
+    let even = if e == 0x8000 && (o & 0x8000) != 0 {
+        0x0000
+    } else {
+        e
+    };
+    let odd = if o == 0x8000 && (e & 0x8000) == 0 {
+        0x0000
+    } else {
+        o
+    };
     (even, odd)
 }
 
@@ -1202,12 +1449,24 @@ fn check_nope_identity(c: &Case) {
 fn zero_rich_case(seed: u64) -> Case {
     let mut rng = Prng::new(seed);
     let n = 1 + rng.below(4);
-    let pool = [0x0000u16, 0x8000, 0x3f80, 0xbf80, 0x0001, 0x8001, 0x7f7f, 0xff7f, 0x4100, 0xc100];
+    let pool = [
+        0x0000u16, 0x8000, 0x3f80, 0xbf80, 0x0001, 0x8001, 0x7f7f, 0xff7f, 0x4100, 0xc100,
+    ];
     let latent: Vec<u16> = (0..n * 512)
-        .map(|_| if rng.chance(0.7) { rng.pick(&pool) } else { dsv4_kvcache::formats::bf16_from_f32(rng.f32_exp(-130, 127)) })
+        .map(|_| {
+            if rng.chance(0.7) {
+                rng.pick(&pool)
+            } else {
+                dsv4_kvcache::formats::bf16_from_f32(rng.f32_exp(-130, 127))
+            }
+        })
         .collect();
     let cache = CacheSpec::random(&mut rng, RecordLayout::Bf16Rows, n);
-    let slots: Vec<i64> = rng.distinct(cache.capacity(), n).into_iter().map(|s| s as i64).collect();
+    let slots: Vec<i64> = rng
+        .distinct(cache.capacity(), n)
+        .into_iter()
+        .map(|s| s as i64)
+        .collect();
     let spec = InsertSpec {
         cr: 1,
         latent,
@@ -1248,7 +1507,10 @@ fn nope_sign_of_zero_rule_exhaustive() {
     for &e in &vals {
         for &o in &vals {
             let (a, b) = dsv4_kvcache::math::rope_pair(bf16_to_f32(e), bf16_to_f32(o), 1.0, 0.0);
-            let got = (dsv4_kvcache::formats::bf16_from_f32(a), dsv4_kvcache::formats::bf16_from_f32(b));
+            let got = (
+                dsv4_kvcache::formats::bf16_from_f32(a),
+                dsv4_kvcache::formats::bf16_from_f32(b),
+            );
             assert_eq!(got, nope_expected(e, o), "pair ({e:#06x}, {o:#06x})");
         }
     }
@@ -1289,7 +1551,12 @@ proptest! {
 
 fn check_fused(c: &Case) {
     let fused = run(c);
-    let skip = matches!(c.kind.op, Op::Fused { skip_latent_out: true });
+    let skip = matches!(
+        c.kind.op,
+        Op::Fused {
+            skip_latent_out: true
+        }
+    );
 
     let mut comp = c.clone();
     comp.kind.op = Op::Compress;
@@ -1314,10 +1581,19 @@ fn check_fused(c: &Case) {
     ins.rms_norm_weight = None;
     let io = run(&ins);
 
-    assert!(fused.kv_cache == io.kv_cache, "{}: cache differs from compress then insert", c.name);
+    assert!(
+        fused.kv_cache == io.kv_cache,
+        "{}: cache differs from compress then insert",
+        c.name
+    );
     assert_eq!(fused.state_cache, co.state_cache, "{}: ring", c.name);
     if skip {
-        assert_eq!(fused.latent.as_ref(), Some(&c.latent.as_ref().expect("latent").bytes), "{}: latent_out written", c.name);
+        assert_eq!(
+            fused.latent.as_ref(),
+            Some(&c.latent.as_ref().expect("latent").bytes),
+            "{}: latent_out written",
+            c.name
+        );
     } else {
         assert_eq!(fused.latent, co.latent, "{}: latent_out", c.name);
     }
@@ -1373,7 +1649,9 @@ fn spec_negative_query_start_loc_is_not_a_panic_() {
         geo: Geo::PLAIN,
     };
     let c = compress_case("negative query_start_loc", &spec, false);
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(&CpuBackend::new(), &c)));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_case(&CpuBackend::new(), &c)
+    }));
     let out = r.expect("the launch panicked");
     assert_eq!(out.result, Ok(()));
     assert!(out.skips.index_out_of_range >= 1);

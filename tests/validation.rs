@@ -24,8 +24,14 @@ fn base(kind: Kind) -> Case {
     for seed in 0..1000u64 {
         let c = random_case(seed, kind);
         let rows_ok = |b: &Option<Buf>| b.as_ref().map_or(true, |b| b.desc.shape()[0] >= 2);
-        let ring_ok = c.state_cache.as_ref().map_or(true, |r| r.desc.shape()[0] >= 2 && r.desc.shape()[1] >= 2);
-        let reqs_ok = c.query_start_loc.as_ref().map_or(true, |q| q.desc.shape()[0] >= 3);
+        let ring_ok = c
+            .state_cache
+            .as_ref()
+            .map_or(true, |r| r.desc.shape()[0] >= 2 && r.desc.shape()[1] >= 2);
+        let reqs_ok = c
+            .query_start_loc
+            .as_ref()
+            .map_or(true, |q| q.desc.shape()[0] >= 3);
         if c.n() >= 2
             && rows_ok(&c.kv_score)
             && rows_ok(&c.latent)
@@ -33,7 +39,9 @@ fn base(kind: Kind) -> Case {
             && rows_ok(&c.prev_rows)
             && ring_ok
             && reqs_ok
-            && c.kv_cache.as_ref().map_or(true, |k| k.desc.shape()[0] >= 2 && k.desc.shape()[1] >= 2)
+            && c.kv_cache
+                .as_ref()
+                .map_or(true, |k| k.desc.shape()[0] >= 2 && k.desc.shape()[1] >= 2)
         {
             let out = run_case(&cpu(c.kind.sanitize), &c);
             assert_eq!(out.result, Ok(()), "{}", c.name);
@@ -57,7 +65,13 @@ fn insert_base(layout: RecordLayout, i64: bool) -> Case {
 }
 
 fn fused_base(layout: RecordLayout, cr: u32) -> Case {
-    base(Kind::new(Op::Fused { skip_latent_out: false }, cr, layout))
+    base(Kind::new(
+        Op::Fused {
+            skip_latent_out: false,
+        },
+        cr,
+        layout,
+    ))
 }
 
 fn ring_base(i64: bool) -> Case {
@@ -80,7 +94,9 @@ fn set_view(b: &mut Buf, desc: TensorDesc) {
 }
 
 fn strided(dt: DType, shape: &[usize], strides: &[usize], offset: usize) -> TensorDesc {
-    TensorDesc::strided(dt, shape, strides).expect("rank").with_offset(offset)
+    TensorDesc::strided(dt, shape, strides)
+        .expect("rank")
+        .with_offset(offset)
 }
 
 fn with_dtype(b: &mut Buf, dt: DType) {
@@ -142,7 +158,11 @@ fn index_len(b: &mut Buf, len: usize) {
 
 fn f32_scalar(shape: &[usize]) -> Buf {
     let n: usize = shape.iter().product();
-    Buf::new(TensorDesc::contiguous(DType::F32, shape), 0, &f32_bytes(&vec![1.0; n]))
+    Buf::new(
+        TensorDesc::contiguous(DType::F32, shape),
+        0,
+        &f32_bytes(&vec![1.0; n]),
+    )
 }
 
 type Mutation = (&'static str, &'static str, Box<dyn Fn(&mut Case)>);
@@ -175,19 +195,44 @@ fn cos(c: &mut Case) -> &mut Buf {
 fn expect_err(c: &Case, what: &str, arg: &str) {
     let out = run_case(&cpu(c.kind.sanitize), c);
     match &out.result {
-        Err(e) => assert_eq!(error_arg(e), arg, "{} / {what}: error {e} names the wrong argument", c.name),
-        Ok(()) => panic!("{} / {what}: accepted; expected an error naming {arg}", c.name),
+        Err(e) => assert_eq!(
+            error_arg(e),
+            arg,
+            "{} / {what}: error {e} names the wrong argument",
+            c.name
+        ),
+        Ok(()) => panic!(
+            "{} / {what}: accepted; expected an error naming {arg}",
+            c.name
+        ),
     }
     if let Some(l) = &out.latent {
-        assert!(*l == c.latent.as_ref().expect("latent").bytes, "{} / {what}: latent_out written", c.name);
+        assert!(
+            *l == c.latent.as_ref().expect("latent").bytes,
+            "{} / {what}: latent_out written",
+            c.name
+        );
     }
     if let Some(s) = &out.state_cache {
-        assert!(*s == c.state_cache.as_ref().expect("ring").bytes, "{} / {what}: state_cache written", c.name);
+        assert!(
+            *s == c.state_cache.as_ref().expect("ring").bytes,
+            "{} / {what}: state_cache written",
+            c.name
+        );
     }
     if let Some(k) = &out.kv_cache {
-        assert!(*k == c.kv_cache.as_ref().expect("cache").bytes, "{} / {what}: kv_cache written", c.name);
+        assert!(
+            *k == c.kv_cache.as_ref().expect("cache").bytes,
+            "{} / {what}: kv_cache written",
+            c.name
+        );
     }
-    assert_eq!(out.skips, SkipCounts::default(), "{} / {what}: skips counted", c.name);
+    assert_eq!(
+        out.skips,
+        SkipCounts::default(),
+        "{} / {what}: skips counted",
+        c.name
+    );
 }
 
 fn apply_all(base: &Case, muts: &[Mutation]) {
@@ -203,10 +248,18 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
     let w = 512 * cr as usize;
     let other_w = if cr == 1 { 1024 } else { 512 };
     vec![
-        m("compress_ratio 0", "compress_ratio", |c| c.compress_ratio = 0),
-        m("compress_ratio 3", "compress_ratio", |c| c.compress_ratio = 3),
-        m("kv_score BF16", "kv_score", |c| with_dtype(kv(c), DType::BF16)),
-        m("kv_score I32", "kv_score", |c| with_dtype(kv(c), DType::I32)),
+        m("compress_ratio 0", "compress_ratio", |c| {
+            c.compress_ratio = 0
+        }),
+        m("compress_ratio 3", "compress_ratio", |c| {
+            c.compress_ratio = 3
+        }),
+        m("kv_score BF16", "kv_score", |c| {
+            with_dtype(kv(c), DType::BF16)
+        }),
+        m("kv_score I32", "kv_score", |c| {
+            with_dtype(kv(c), DType::I32)
+        }),
         m("kv_score wrong width", "kv_score", move |c| {
             let r = kv(c).desc.shape()[0];
             with_shape(kv(c), &[r, other_w], &[other_w, 1]);
@@ -215,14 +268,26 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
             let r = kv(c).desc.shape()[0];
             with_shape(kv(c), &[r, 600], &[608, 1]);
         }),
-        m("kv_score inner stride 2", "kv_score", |c| inner_stride_2(kv(c))),
-        m("kv_score row stride not a multiple of 16", "kv_score", move |c| row_stride(kv(c), w + 8)),
-        m("kv_score row stride overlapping rows", "kv_score", move |c| row_stride(kv(c), w - 16)),
+        m("kv_score inner stride 2", "kv_score", |c| {
+            inner_stride_2(kv(c))
+        }),
+        m(
+            "kv_score row stride not a multiple of 16",
+            "kv_score",
+            move |c| row_stride(kv(c), w + 8),
+        ),
+        m(
+            "kv_score row stride overlapping rows",
+            "kv_score",
+            move |c| row_stride(kv(c), w - 16),
+        ),
         m("kv_score rank 3", "kv_score", move |c| {
             let r = kv(c).desc.shape()[0];
             with_shape(kv(c), &[r, 1, w], &[w, w, 1]);
         }),
-        m("kv_score offset not 16-aligned", "kv_score", |c| with_offset(kv(c), 8)),
+        m("kv_score offset not 16-aligned", "kv_score", |c| {
+            with_offset(kv(c), 8)
+        }),
         m("kv_score past the end", "kv_score", |c| past_end(kv(c))),
         m("N above kv_score rows", "kv_score", move |c| {
             let n = c.n();
@@ -230,9 +295,15 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
             with_shape(kv(c), &[n - 1, w], &[s, 1]);
             with_shape(lat(c), &[n - 1, 512], &[512, 1]);
         }),
-        m("positions F32", "positions", |c| with_dtype(pos(c), DType::F32)),
-        m("positions BF16", "positions", |c| with_dtype(pos(c), DType::BF16)),
-        m("positions not contiguous", "positions", |c| index_stride_2(pos(c))),
+        m("positions F32", "positions", |c| {
+            with_dtype(pos(c), DType::F32)
+        }),
+        m("positions BF16", "positions", |c| {
+            with_dtype(pos(c), DType::BF16)
+        }),
+        m("positions not contiguous", "positions", |c| {
+            index_stride_2(pos(c))
+        }),
         m("positions rank 2", "positions", |c| {
             let n = pos(c).desc.shape()[0];
             with_shape(pos(c), &[1, n], &[n, 1]);
@@ -241,13 +312,25 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
             let n = c.n();
             index_len(pos(c), n - 1);
         }),
-        m("positions misaligned", "positions", |c| with_offset(pos(c), 2)),
+        m("positions misaligned", "positions", |c| {
+            with_offset(pos(c), 2)
+        }),
         m("positions past the end", "positions", |c| past_end(pos(c))),
-        m("slot_mapping F32", "slot_mapping", |c| with_dtype(&mut c.slot_mapping, DType::F32)),
-        m("slot_mapping U8", "slot_mapping", |c| with_dtype(&mut c.slot_mapping, DType::U8)),
-        m("slot_mapping not contiguous", "slot_mapping", |c| index_stride_2(&mut c.slot_mapping)),
-        m("slot_mapping past the end", "slot_mapping", |c| past_end(&mut c.slot_mapping)),
-        m("rms_norm_weight F32", "rms_norm_weight", |c| with_dtype(c.rms_norm_weight.as_mut().expect("w"), DType::F32)),
+        m("slot_mapping F32", "slot_mapping", |c| {
+            with_dtype(&mut c.slot_mapping, DType::F32)
+        }),
+        m("slot_mapping U8", "slot_mapping", |c| {
+            with_dtype(&mut c.slot_mapping, DType::U8)
+        }),
+        m("slot_mapping not contiguous", "slot_mapping", |c| {
+            index_stride_2(&mut c.slot_mapping)
+        }),
+        m("slot_mapping past the end", "slot_mapping", |c| {
+            past_end(&mut c.slot_mapping)
+        }),
+        m("rms_norm_weight F32", "rms_norm_weight", |c| {
+            with_dtype(c.rms_norm_weight.as_mut().expect("w"), DType::F32)
+        }),
         m("rms_norm_weight [256]", "rms_norm_weight", |c| {
             with_shape(c.rms_norm_weight.as_mut().expect("w"), &[256], &[1])
         }),
@@ -257,12 +340,18 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
         m("rms_norm_weight strided", "rms_norm_weight", |c| {
             with_shape(c.rms_norm_weight.as_mut().expect("w"), &[512], &[2])
         }),
-        m("rms_norm_weight offset 2", "rms_norm_weight", |c| with_offset(c.rms_norm_weight.as_mut().expect("w"), 2)),
-        m("rms_norm_weight past the end", "rms_norm_weight", |c| past_end(c.rms_norm_weight.as_mut().expect("w"))),
+        m("rms_norm_weight offset 2", "rms_norm_weight", |c| {
+            with_offset(c.rms_norm_weight.as_mut().expect("w"), 2)
+        }),
+        m("rms_norm_weight past the end", "rms_norm_weight", |c| {
+            past_end(c.rms_norm_weight.as_mut().expect("w"))
+        }),
         m("eps NaN", "rms_norm_eps", |c| c.eps = f32::NAN),
         m("eps inf", "rms_norm_eps", |c| c.eps = f32::INFINITY),
         m("eps negative", "rms_norm_eps", |c| c.eps = -1e-6),
-        m("latent_out F32", "latent_out", |c| with_dtype(lat(c), DType::F32)),
+        m("latent_out F32", "latent_out", |c| {
+            with_dtype(lat(c), DType::F32)
+        }),
         m("latent_out fewer rows than kv_score", "latent_out", |c| {
             let r = lat(c).desc.shape()[0];
             with_shape(lat(c), &[r - 1, 512], &[512, 1]);
@@ -275,59 +364,103 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
             let r = lat(c).desc.shape()[0];
             with_shape(lat(c), &[r, 1024], &[1024, 1]);
         }),
-        m("latent_out not contiguous", "latent_out", |c| row_stride(lat(c), 520)),
-        m("latent_out offset 8", "latent_out", |c| with_offset(lat(c), 8)),
-        m("latent_out past the end", "latent_out", |c| past_end(lat(c))),
+        m("latent_out not contiguous", "latent_out", |c| {
+            row_stride(lat(c), 520)
+        }),
+        m("latent_out offset 8", "latent_out", |c| {
+            with_offset(lat(c), 8)
+        }),
+        m("latent_out past the end", "latent_out", |c| {
+            past_end(lat(c))
+        }),
     ]
 }
 
 fn cr2_mutations() -> Vec<Mutation> {
     vec![
-        m("state_cache missing", "state_cache", |c| c.state_cache = None),
-        m("query_start_loc missing", "query_start_loc", |c| c.query_start_loc = None),
-        m("token_to_req_indices missing", "token_to_req_indices", |c| c.token_to_req_indices = None),
-        m("query_start_loc empty", "query_start_loc", |c| index_len(c.query_start_loc.as_mut().expect("q"), 0)),
+        m("state_cache missing", "state_cache", |c| {
+            c.state_cache = None
+        }),
+        m("query_start_loc missing", "query_start_loc", |c| {
+            c.query_start_loc = None
+        }),
+        m(
+            "token_to_req_indices missing",
+            "token_to_req_indices",
+            |c| c.token_to_req_indices = None,
+        ),
+        m("query_start_loc empty", "query_start_loc", |c| {
+            index_len(c.query_start_loc.as_mut().expect("q"), 0)
+        }),
         m("query_start_loc F32", "query_start_loc", |c| {
             with_dtype(c.query_start_loc.as_mut().expect("q"), DType::F32)
         }),
         m("query_start_loc not contiguous", "query_start_loc", |c| {
             index_stride_2(c.query_start_loc.as_mut().expect("q"))
         }),
-        m("token_to_req_indices shorter than N", "token_to_req_indices", |c| {
-            let n = c.n();
-            index_len(c.token_to_req_indices.as_mut().expect("t"), n - 1)
-        }),
+        m(
+            "token_to_req_indices shorter than N",
+            "token_to_req_indices",
+            |c| {
+                let n = c.n();
+                index_len(c.token_to_req_indices.as_mut().expect("t"), n - 1)
+            },
+        ),
         m("token_to_req_indices BF16", "token_to_req_indices", |c| {
             with_dtype(c.token_to_req_indices.as_mut().expect("t"), DType::BF16)
         }),
-        m("token_to_req_indices not contiguous", "token_to_req_indices", |c| {
-            index_stride_2(c.token_to_req_indices.as_mut().expect("t"))
+        m(
+            "token_to_req_indices not contiguous",
+            "token_to_req_indices",
+            |c| index_stride_2(c.token_to_req_indices.as_mut().expect("t")),
+        ),
+        m("state_cache BF16", "state_cache", |c| {
+            with_dtype(ring(c), DType::BF16)
         }),
-        m("state_cache BF16", "state_cache", |c| with_dtype(ring(c), DType::BF16)),
         m("state_cache width 512", "state_cache", |c| {
             let (b, cap) = (ring(c).desc.shape()[0], ring(c).desc.shape()[1]);
             with_shape(ring(c), &[b, cap, 512], &[cap * 512, 512, 1]);
         }),
-        m("state_cache inner stride 2", "state_cache", |c| inner_stride_2(ring(c))),
-        m("state_cache row stride not a multiple of 16", "state_cache", |c| {
-            let (b, cap) = (ring(c).desc.shape()[0], ring(c).desc.shape()[1]);
-            with_shape(ring(c), &[b, cap, 1024], &[cap * 1032, 1032, 1]);
+        m("state_cache inner stride 2", "state_cache", |c| {
+            inner_stride_2(ring(c))
         }),
-        m("state_cache block stride not a multiple of 4", "state_cache", |c| {
-            let (b, cap) = (ring(c).desc.shape()[0], ring(c).desc.shape()[1]);
-            with_shape(ring(c), &[b, cap, 1024], &[cap * 1024 + 2, 1024, 1]);
-        }),
+        m(
+            "state_cache row stride not a multiple of 16",
+            "state_cache",
+            |c| {
+                let (b, cap) = (ring(c).desc.shape()[0], ring(c).desc.shape()[1]);
+                with_shape(ring(c), &[b, cap, 1024], &[cap * 1032, 1032, 1]);
+            },
+        ),
+        m(
+            "state_cache block stride not a multiple of 4",
+            "state_cache",
+            |c| {
+                let (b, cap) = (ring(c).desc.shape()[0], ring(c).desc.shape()[1]);
+                with_shape(ring(c), &[b, cap, 1024], &[cap * 1024 + 2, 1024, 1]);
+            },
+        ),
         m("state_cache capacity 0", "state_cache", |c| {
             let b = ring(c).desc.shape()[0];
             with_shape(ring(c), &[b, 0, 1024], &[1024, 1024, 1]);
         }),
-        m("state_cache rank 2", "state_cache", |c| with_shape(ring(c), &[4, 1024], &[1024, 1])),
-        m("state_cache offset 8", "state_cache", |c| with_offset(ring(c), 8)),
-        m("state_cache past the end", "state_cache", |c| past_end(ring(c))),
-        m("prev_rows without prev_row_indices", "prev_row_indices", |c| {
-            c.prev_rows = Some(Buf::f32_rows(&vec![0.0; 2048], 2, 1024, 1024, 0, 0));
-            c.prev_row_indices = None;
+        m("state_cache rank 2", "state_cache", |c| {
+            with_shape(ring(c), &[4, 1024], &[1024, 1])
         }),
+        m("state_cache offset 8", "state_cache", |c| {
+            with_offset(ring(c), 8)
+        }),
+        m("state_cache past the end", "state_cache", |c| {
+            past_end(ring(c))
+        }),
+        m(
+            "prev_rows without prev_row_indices",
+            "prev_row_indices",
+            |c| {
+                c.prev_rows = Some(Buf::f32_rows(&vec![0.0; 2048], 2, 1024, 1024, 0, 0));
+                c.prev_row_indices = None;
+            },
+        ),
         m("prev_row_indices without prev_rows", "prev_rows", |c| {
             c.prev_rows = None;
             c.prev_row_indices = Some(Buf::index(&[0; 8], false, 0, 0));
@@ -343,28 +476,48 @@ fn prev_mutations() -> Vec<Mutation> {
         c.prev_row_indices.as_mut().expect("prev_row_indices")
     }
     vec![
-        m("prev_rows BF16", "prev_rows", |c| with_dtype(pr(c), DType::BF16)),
+        m("prev_rows BF16", "prev_rows", |c| {
+            with_dtype(pr(c), DType::BF16)
+        }),
         m("prev_rows width 512", "prev_rows", |c| {
             let r = pr(c).desc.shape()[0];
             with_shape(pr(c), &[r, 512], &[512, 1]);
         }),
-        m("prev_rows inner stride 2", "prev_rows", |c| inner_stride_2(pr(c))),
-        m("prev_rows row stride not a multiple of 16", "prev_rows", |c| row_stride(pr(c), 1030)),
-        m("prev_rows past the end", "prev_rows", |c| past_end(pr(c))),
-        m("prev_row_indices shorter than num_reqs", "prev_row_indices", |c| {
-            let reqs = c.query_start_loc.as_ref().expect("q").desc.shape()[0] - 1;
-            index_len(pi(c), reqs - 1);
+        m("prev_rows inner stride 2", "prev_rows", |c| {
+            inner_stride_2(pr(c))
         }),
-        m("prev_row_indices F32", "prev_row_indices", |c| with_dtype(pi(c), DType::F32)),
-        m("prev_row_indices not contiguous", "prev_row_indices", |c| index_stride_2(pi(c))),
+        m(
+            "prev_rows row stride not a multiple of 16",
+            "prev_rows",
+            |c| row_stride(pr(c), 1030),
+        ),
+        m("prev_rows past the end", "prev_rows", |c| past_end(pr(c))),
+        m(
+            "prev_row_indices shorter than num_reqs",
+            "prev_row_indices",
+            |c| {
+                let reqs = c.query_start_loc.as_ref().expect("q").desc.shape()[0] - 1;
+                index_len(pi(c), reqs - 1);
+            },
+        ),
+        m("prev_row_indices F32", "prev_row_indices", |c| {
+            with_dtype(pi(c), DType::F32)
+        }),
+        m("prev_row_indices not contiguous", "prev_row_indices", |c| {
+            index_stride_2(pi(c))
+        }),
     ]
 }
 
 /// Mutations of the insert's table and cache (shared with the fused op).
 fn cache_mutations(layout: RecordLayout) -> Vec<Mutation> {
     let mut v = vec![
-        m("cos_sin_cache I32", "cos_sin_cache", |c| with_dtype(cos(c), DType::I32)),
-        m("cos_sin_cache U8", "cos_sin_cache", |c| with_dtype(cos(c), DType::U8)),
+        m("cos_sin_cache I32", "cos_sin_cache", |c| {
+            with_dtype(cos(c), DType::I32)
+        }),
+        m("cos_sin_cache U8", "cos_sin_cache", |c| {
+            with_dtype(cos(c), DType::U8)
+        }),
         m("cos_sin_cache width 32", "cos_sin_cache", |c| {
             let r = cos(c).desc.shape()[0];
             with_shape(cos(c), &[r, 32], &[64, 1]);
@@ -373,14 +526,28 @@ fn cache_mutations(layout: RecordLayout) -> Vec<Mutation> {
             let r = cos(c).desc.shape()[0];
             with_shape(cos(c), &[r, 63], &[64, 1]);
         }),
-        m("cos_sin_cache inner stride 2", "cos_sin_cache", |c| inner_stride_2(cos(c))),
-        m("cos_sin_cache rank 1", "cos_sin_cache", |c| with_shape(cos(c), &[64], &[1])),
-        m("cos_sin_cache misaligned", "cos_sin_cache", |c| with_offset(cos(c), 1)),
-        m("cos_sin_cache past the end", "cos_sin_cache", |c| past_end(cos(c))),
-        m("kv_cache F32", "kv_cache", |c| with_dtype(cache(c), DType::F32)),
-        m("kv_cache I64", "kv_cache", |c| with_dtype(cache(c), DType::I64)),
+        m("cos_sin_cache inner stride 2", "cos_sin_cache", |c| {
+            inner_stride_2(cos(c))
+        }),
+        m("cos_sin_cache rank 1", "cos_sin_cache", |c| {
+            with_shape(cos(c), &[64], &[1])
+        }),
+        m("cos_sin_cache misaligned", "cos_sin_cache", |c| {
+            with_offset(cos(c), 1)
+        }),
+        m("cos_sin_cache past the end", "cos_sin_cache", |c| {
+            past_end(cos(c))
+        }),
+        m("kv_cache F32", "kv_cache", |c| {
+            with_dtype(cache(c), DType::F32)
+        }),
+        m("kv_cache I64", "kv_cache", |c| {
+            with_dtype(cache(c), DType::I64)
+        }),
         m("kv_cache past the end", "kv_cache", |c| past_end(cache(c))),
-        m("kv_cache offset 8", "kv_cache", |c| with_offset(cache(c), 8)),
+        m("kv_cache offset 8", "kv_cache", |c| {
+            with_offset(cache(c), 8)
+        }),
         m("kv_cache block_size 0", "kv_cache", |c| {
             let d = cache(c).desc;
             let mut s = d.shape().to_vec();
@@ -412,21 +579,33 @@ fn cache_mutations(layout: RecordLayout) -> Vec<Mutation> {
                 let (b, bs) = (d.shape()[0], d.shape()[1]);
                 with_shape(cache(c), &[b, bs, w], &[bs * (w + 16), w + 16, 1]);
             }),
-            m("paged inner stride 2", "kv_cache", |c| inner_stride_2(cache(c))),
+            m("paged inner stride 2", "kv_cache", |c| {
+                inner_stride_2(cache(c))
+            }),
             m("paged block stride below a page", "kv_cache", move |c| {
                 let d = cache(c).desc;
                 let (b, bs) = (d.shape()[0], d.shape()[1]);
                 with_shape(cache(c), &[b, bs, w], &[bs * w - 16, w, 1]);
             }),
-            m("paged block stride not a multiple of 16", "kv_cache", move |c| {
-                let d = cache(c).desc;
-                let (b, bs) = (d.shape()[0], d.shape()[1]);
-                with_shape(cache(c), &[b, bs, w], &[bs * w + 8, w, 1]);
+            m(
+                "paged block stride not a multiple of 16",
+                "kv_cache",
+                move |c| {
+                    let d = cache(c).desc;
+                    let (b, bs) = (d.shape()[0], d.shape()[1]);
+                    with_shape(cache(c), &[b, bs, w], &[bs * w + 8, w, 1]);
+                },
+            ),
+            m("fp8_scale given for a paged cache", "fp8_scale", |c| {
+                c.fp8_scale = Some(f32_scalar(&[1]))
             }),
-            m("fp8_scale given for a paged cache", "fp8_scale", |c| c.fp8_scale = Some(f32_scalar(&[1]))),
         ]);
     } else {
-        let esz = if layout == RecordLayout::Bf16Rows { 2 } else { 1 };
+        let esz = if layout == RecordLayout::Bf16Rows {
+            2
+        } else {
+            1
+        };
         v.extend([
             m("rows width 1024", "kv_cache", |c| {
                 let d = cache(c).desc;
@@ -438,7 +617,9 @@ fn cache_mutations(layout: RecordLayout) -> Vec<Mutation> {
                 let (b, bs) = (d.shape()[0], d.shape()[1]);
                 with_shape(cache(c), &[b, bs, 576], &[bs * 576, 576, 1]);
             }),
-            m("rows inner stride 2", "kv_cache", |c| inner_stride_2(cache(c))),
+            m("rows inner stride 2", "kv_cache", |c| {
+                inner_stride_2(cache(c))
+            }),
             m("rows rank 4 with a dim 2 of 2", "kv_cache", |c| {
                 let d = cache(c).desc;
                 let (b, bs) = (d.shape()[0], d.shape()[1]);
@@ -450,24 +631,40 @@ fn cache_mutations(layout: RecordLayout) -> Vec<Mutation> {
                 let rs = 512 - 16 / esz;
                 with_shape(cache(c), &[b, bs, 512], &[bs * 512, rs, 1]);
             }),
-            m("rows row stride not 16-byte aligned", "kv_cache", move |c| {
-                let d = cache(c).desc;
-                let (b, bs) = (d.shape()[0], d.shape()[1]);
-                let rs = 512 + 8 / esz;
-                with_shape(cache(c), &[b, bs, 512], &[bs * rs + 16, rs, 1]);
-            }),
+            m(
+                "rows row stride not 16-byte aligned",
+                "kv_cache",
+                move |c| {
+                    let d = cache(c).desc;
+                    let (b, bs) = (d.shape()[0], d.shape()[1]);
+                    let rs = 512 + 8 / esz;
+                    with_shape(cache(c), &[b, bs, 512], &[bs * rs + 16, rs, 1]);
+                },
+            ),
         ]);
         if layout == RecordLayout::Fp8Rows {
             v.extend([
                 m("fp8_scale missing", "fp8_scale", |c| c.fp8_scale = None),
-                m("fp8_scale [2]", "fp8_scale", |c| c.fp8_scale = Some(f32_scalar(&[2]))),
-                m("fp8_scale [0]", "fp8_scale", |c| c.fp8_scale = Some(f32_scalar(&[0]))),
-                m("fp8_scale BF16", "fp8_scale", |c| with_dtype(c.fp8_scale.as_mut().expect("s"), DType::BF16)),
-                m("fp8_scale misaligned", "fp8_scale", |c| with_offset(c.fp8_scale.as_mut().expect("s"), 2)),
-                m("fp8_scale past the end", "fp8_scale", |c| past_end(c.fp8_scale.as_mut().expect("s"))),
+                m("fp8_scale [2]", "fp8_scale", |c| {
+                    c.fp8_scale = Some(f32_scalar(&[2]))
+                }),
+                m("fp8_scale [0]", "fp8_scale", |c| {
+                    c.fp8_scale = Some(f32_scalar(&[0]))
+                }),
+                m("fp8_scale BF16", "fp8_scale", |c| {
+                    with_dtype(c.fp8_scale.as_mut().expect("s"), DType::BF16)
+                }),
+                m("fp8_scale misaligned", "fp8_scale", |c| {
+                    with_offset(c.fp8_scale.as_mut().expect("s"), 2)
+                }),
+                m("fp8_scale past the end", "fp8_scale", |c| {
+                    past_end(c.fp8_scale.as_mut().expect("s"))
+                }),
             ]);
         } else {
-            v.push(m("fp8_scale given for BF16 rows", "fp8_scale", |c| c.fp8_scale = Some(f32_scalar(&[1]))));
+            v.push(m("fp8_scale given for BF16 rows", "fp8_scale", |c| {
+                c.fp8_scale = Some(f32_scalar(&[1]))
+            }));
         }
     }
     v
@@ -475,15 +672,23 @@ fn cache_mutations(layout: RecordLayout) -> Vec<Mutation> {
 
 fn insert_mutations() -> Vec<Mutation> {
     vec![
-        m("compress_ratio 0", "compress_ratio", |c| c.compress_ratio = 0),
-        m("compress_ratio 3", "compress_ratio", |c| c.compress_ratio = 3),
+        m("compress_ratio 0", "compress_ratio", |c| {
+            c.compress_ratio = 0
+        }),
+        m("compress_ratio 3", "compress_ratio", |c| {
+            c.compress_ratio = 3
+        }),
         m("latent F32", "latent", |c| with_dtype(lat(c), DType::F32)),
         m("latent width 1024", "latent", |c| {
             let r = lat(c).desc.shape()[0];
             with_shape(lat(c), &[r, 1024], &[1024, 1]);
         }),
-        m("latent not contiguous", "latent", |c| row_stride(lat(c), 520)),
-        m("latent inner stride 2", "latent", |c| inner_stride_2(lat(c))),
+        m("latent not contiguous", "latent", |c| {
+            row_stride(lat(c), 520)
+        }),
+        m("latent inner stride 2", "latent", |c| {
+            inner_stride_2(lat(c))
+        }),
         m("latent rows below N", "latent", |c| {
             let n = c.n();
             with_shape(lat(c), &[n - 1, 512], &[512, 1]);
@@ -494,10 +699,18 @@ fn insert_mutations() -> Vec<Mutation> {
             let n = c.n();
             index_len(pos(c), n - 1);
         }),
-        m("positions F32", "positions", |c| with_dtype(pos(c), DType::F32)),
-        m("positions not contiguous", "positions", |c| index_stride_2(pos(c))),
-        m("slot_mapping BF16", "slot_mapping", |c| with_dtype(&mut c.slot_mapping, DType::BF16)),
-        m("slot_mapping not contiguous", "slot_mapping", |c| index_stride_2(&mut c.slot_mapping)),
+        m("positions F32", "positions", |c| {
+            with_dtype(pos(c), DType::F32)
+        }),
+        m("positions not contiguous", "positions", |c| {
+            index_stride_2(pos(c))
+        }),
+        m("slot_mapping BF16", "slot_mapping", |c| {
+            with_dtype(&mut c.slot_mapping, DType::BF16)
+        }),
+        m("slot_mapping not contiguous", "slot_mapping", |c| {
+            index_stride_2(&mut c.slot_mapping)
+        }),
     ]
 }
 
@@ -512,8 +725,12 @@ fn ring_mutations() -> Vec<Mutation> {
             with_shape(rows(c), &[r, 512], &[512, 1]);
         }),
         m("rows inner stride 2", "rows", |c| inner_stride_2(rows(c))),
-        m("rows row stride not a multiple of 4", "rows", |c| row_stride(rows(c), 1026)),
-        m("rows row stride overlapping", "rows", |c| row_stride(rows(c), 1020)),
+        m("rows row stride not a multiple of 4", "rows", |c| {
+            row_stride(rows(c), 1026)
+        }),
+        m("rows row stride overlapping", "rows", |c| {
+            row_stride(rows(c), 1020)
+        }),
         m("rows past the end", "rows", |c| past_end(rows(c))),
         m("rows offset 8", "rows", |c| with_offset(rows(c), 8)),
         m("slot_mapping shorter than rows", "slot_mapping", |c| {
@@ -524,21 +741,31 @@ fn ring_mutations() -> Vec<Mutation> {
             let n = c.n();
             index_len(&mut c.slot_mapping, n + 1);
         }),
-        m("slot_mapping F32", "slot_mapping", |c| with_dtype(&mut c.slot_mapping, DType::F32)),
-        m("state_cache BF16", "state_cache", |c| with_dtype(ring(c), DType::BF16)),
+        m("slot_mapping F32", "slot_mapping", |c| {
+            with_dtype(&mut c.slot_mapping, DType::F32)
+        }),
+        m("state_cache BF16", "state_cache", |c| {
+            with_dtype(ring(c), DType::BF16)
+        }),
         m("state_cache width 512", "state_cache", |c| {
             let (b, cap) = (ring(c).desc.shape()[0], ring(c).desc.shape()[1]);
             with_shape(ring(c), &[b, cap, 512], &[cap * 512, 512, 1]);
         }),
-        m("state_cache row stride not a multiple of 16", "state_cache", |c| {
-            let (b, cap) = (ring(c).desc.shape()[0], ring(c).desc.shape()[1]);
-            with_shape(ring(c), &[b, cap, 1024], &[cap * 1030 + 2, 1030, 1]);
-        }),
+        m(
+            "state_cache row stride not a multiple of 16",
+            "state_cache",
+            |c| {
+                let (b, cap) = (ring(c).desc.shape()[0], ring(c).desc.shape()[1]);
+                with_shape(ring(c), &[b, cap, 1024], &[cap * 1030 + 2, 1030, 1]);
+            },
+        ),
         m("state_cache capacity 0", "state_cache", |c| {
             let b = ring(c).desc.shape()[0];
             with_shape(ring(c), &[b, 0, 1024], &[1024, 1024, 1]);
         }),
-        m("state_cache past the end", "state_cache", |c| past_end(ring(c))),
+        m("state_cache past the end", "state_cache", |c| {
+            past_end(ring(c))
+        }),
     ]
 }
 
@@ -587,20 +814,30 @@ fn fused_preconditions_are_errors_naming_the_argument() {
             apply_all(
                 &b,
                 &[
-                    m("cache_slot_mapping shorter than N", "cache_slot_mapping", |c| {
-                        let n = c.n();
-                        index_len(c.cache_slot_mapping.as_mut().expect("cs"), n - 1);
-                    }),
-                    m("cache_slot_mapping longer than N", "cache_slot_mapping", |c| {
-                        let n = c.n();
-                        index_len(c.cache_slot_mapping.as_mut().expect("cs"), n + 1);
-                    }),
+                    m(
+                        "cache_slot_mapping shorter than N",
+                        "cache_slot_mapping",
+                        |c| {
+                            let n = c.n();
+                            index_len(c.cache_slot_mapping.as_mut().expect("cs"), n - 1);
+                        },
+                    ),
+                    m(
+                        "cache_slot_mapping longer than N",
+                        "cache_slot_mapping",
+                        |c| {
+                            let n = c.n();
+                            index_len(c.cache_slot_mapping.as_mut().expect("cs"), n + 1);
+                        },
+                    ),
                     m("cache_slot_mapping F32", "cache_slot_mapping", |c| {
                         with_dtype(c.cache_slot_mapping.as_mut().expect("cs"), DType::F32)
                     }),
-                    m("cache_slot_mapping not contiguous", "cache_slot_mapping", |c| {
-                        index_stride_2(c.cache_slot_mapping.as_mut().expect("cs"))
-                    }),
+                    m(
+                        "cache_slot_mapping not contiguous",
+                        "cache_slot_mapping",
+                        |c| index_stride_2(c.cache_slot_mapping.as_mut().expect("cs")),
+                    ),
                 ],
             );
         }
@@ -700,8 +937,17 @@ fn optional(c: &mut Case, f: Field) -> Option<&mut Option<Buf>> {
     }
 }
 
-const DTYPES: [DType; 6] = [DType::F32, DType::BF16, DType::U8, DType::F8E4M3, DType::I32, DType::I64];
-const DIMS: [usize; 16] = [0, 1, 2, 3, 4, 5, 16, 32, 63, 64, 288, 512, 528, 584, 600, 1024];
+const DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::BF16,
+    DType::U8,
+    DType::F8E4M3,
+    DType::I32,
+    DType::I64,
+];
+const DIMS: [usize; 16] = [
+    0, 1, 2, 3, 4, 5, 16, 32, 63, 64, 288, 512, 528, 584, 600, 1024,
+];
 
 /// Index values, extreme ones included. Left out, because they make the
 /// reference panic (reported): negative `query_start_loc` entries
@@ -760,8 +1006,13 @@ fn perturb(rng: &mut Prng, c: &mut Case) {
                     if rng.chance(0.5) {
                         shape[i] = rng.pick(&DIMS);
                     } else {
-                        let s = strides[i] as i64 + rng.pick(&[-16i64, -8, -4, -2, -1, 1, 2, 4, 8, 16]);
-                        strides[i] = if rng.chance(0.1) { 0 } else { s.max(0) as usize };
+                        let s =
+                            strides[i] as i64 + rng.pick(&[-16i64, -8, -4, -2, -1, 1, 2, 4, 8, 16]);
+                        strides[i] = if rng.chance(0.1) {
+                            0
+                        } else {
+                            s.max(0) as usize
+                        };
                     }
                 }
                 b.desc = strided(d.dtype, &shape, &strides, d.offset);
@@ -770,7 +1021,9 @@ fn perturb(rng: &mut Prng, c: &mut Case) {
         }
         3 => {
             if let Some(b) = field(c, f) {
-                b.desc = b.desc.with_offset(rng.pick(&[0, 1, 2, 4, 8, 16, 32, 48, 64, 4096]));
+                b.desc = b
+                    .desc
+                    .with_offset(rng.pick(&[0, 1, 2, 4, 8, 16, 32, 48, 64, 4096]));
                 maybe_fit(rng, b);
             }
         }
@@ -787,7 +1040,10 @@ fn perturb(rng: &mut Prng, c: &mut Case) {
         }
         5 | 6 => {
             if let Some(b) = field(c, f) {
-                if matches!(b.desc.dtype, DType::I32 | DType::I64) && b.desc.rank() == 1 && b.desc.numel() > 0 {
+                if matches!(b.desc.dtype, DType::I32 | DType::I64)
+                    && b.desc.rank() == 1
+                    && b.desc.numel() > 0
+                {
                     let n = b.desc.numel();
                     let v = index_value(rng, f);
                     let i = rng.below(n);
@@ -848,11 +1104,21 @@ fn check_no_panic_no_stray_write(c: &Case) {
     let b = cpu(c.kind.sanitize);
     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(&b, c)))
         .unwrap_or_else(|_| panic!("{}: the launch panicked", c.name));
-    let outputs = [(&c.latent, &out.latent, "latent_out"), (&c.state_cache, &out.state_cache, "state_cache"), (&c.kv_cache, &out.kv_cache, "kv_cache")];
+    let outputs = [
+        (&c.latent, &out.latent, "latent_out"),
+        (&c.state_cache, &out.state_cache, "state_cache"),
+        (&c.kv_cache, &out.kv_cache, "kv_cache"),
+    ];
     for (before, after, what) in outputs {
-        let (Some(before), Some(after)) = (before, after) else { continue };
+        let (Some(before), Some(after)) = (before, after) else {
+            continue;
+        };
         if out.result.is_err() {
-            assert!(before.bytes == *after, "{}: {what} written by a rejected launch", c.name);
+            assert!(
+                before.bytes == *after,
+                "{}: {what} written by a rejected launch",
+                c.name
+            );
             continue;
         }
         let fp = before.footprint();
@@ -863,7 +1129,12 @@ fn check_no_panic_no_stray_write(c: &Case) {
         }
     }
     if out.result.is_err() {
-        assert_eq!(out.skips, SkipCounts::default(), "{}: a rejected launch counted skips", c.name);
+        assert_eq!(
+            out.skips,
+            SkipCounts::default(),
+            "{}: a rejected launch counted skips",
+            c.name
+        );
     }
 }
 
@@ -894,7 +1165,6 @@ proptest! {
     }
 }
 
-
 /// `semantics.md` (Validation): never a panic. A position of `i64::MAX`
 /// (an I64 `positions` entry) makes the reference compute `(p + 1) % CR`,
 /// which overflows: a panic ("attempt to add with overflow",
@@ -906,14 +1176,21 @@ proptest! {
 #[test]
 #[ignore = "reported: positions = i64::MAX overflows (p + 1) in the CPU reference; a panic in debug builds"]
 fn spec_position_i64_max_is_not_a_panic_() {
-    for op in [Op::Insert, Op::Compress, Op::Fused { skip_latent_out: false }] {
+    for op in [
+        Op::Insert,
+        Op::Compress,
+        Op::Fused {
+            skip_latent_out: false,
+        },
+    ] {
         let mut k = Kind::new(op, 2, RecordLayout::Mxfp8);
         k.index_i64 = true;
         let mut c = base(k);
         let p = c.positions.as_mut().expect("positions");
         let o = p.desc.offset;
         p.bytes[o..o + 8].copy_from_slice(&i64::MAX.to_le_bytes());
-        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(&cpu(false), &c)));
+        let out =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(&cpu(false), &c)));
         assert!(out.is_ok(), "{:?}: the launch panicked", op);
     }
 }

@@ -51,11 +51,13 @@ use super::Backend;
 use crate::detect::{sanitize_for, AmdArch, SanitizePolicy};
 use crate::error::{Error, Result};
 use crate::kernel_abi::{
-    compress_items, compress_kernel, compress_params, fused_kernel, fused_params, grid_for_items, insert_kernel,
-    insert_params, ring_rows_params, CompressPtrs, InsertPtrs, BLOCK_THREADS, KERNEL_NAMES, NUM_COUNTERS,
+    compress_items, compress_kernel, compress_params, fused_kernel, fused_params, grid_for_items,
+    insert_kernel, insert_params, ring_rows_params, CompressPtrs, InsertPtrs, BLOCK_THREADS,
+    KERNEL_NAMES, NUM_COUNTERS,
 };
 use crate::ops::{
-    plan_compress, plan_fused, plan_insert, plan_ring_rows, CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts,
+    plan_compress, plan_fused, plan_insert, plan_ring_rows, CompressArgs, FusedArgs, InsertArgs,
+    RingArgs, SkipCounts,
 };
 use crate::tensor::{Storage, Tensor, TensorDesc};
 use std::ffi::{c_char, c_int, c_void, CString};
@@ -115,7 +117,10 @@ impl RawDevice {
 
     /// Memory at `ptr` of unknown size (no bounds checks).
     pub fn unbounded(ptr: u64) -> Self {
-        RawDevice { ptr, len: usize::MAX }
+        RawDevice {
+            ptr,
+            len: usize::MAX,
+        }
     }
 }
 
@@ -227,7 +232,12 @@ fn raw_compress_checks(a: &CompressArgs<'_, RawDevice>) -> Result<()> {
     raw_rows("kv_score", a.kv_score.buf, &a.kv_score.desc)?;
     raw_index("positions", &a.positions)?;
     raw_index("slot_mapping", &a.slot_mapping)?;
-    raw_aligned("rms_norm_weight", a.rms_norm_weight.buf, &a.rms_norm_weight.desc, 16)?;
+    raw_aligned(
+        "rms_norm_weight",
+        a.rms_norm_weight.buf,
+        &a.rms_norm_weight.desc,
+        16,
+    )?;
     raw_rows("latent_out", a.latent_out.buf, &a.latent_out.desc)?;
     if a.compress_ratio != 2 {
         return Ok(());
@@ -349,7 +359,12 @@ fn device_count(api: &Api) -> Result<usize> {
 fn device_name(api: &Api, device: c_int) -> Result<String> {
     let mut dev: c_int = 0;
     // SAFETY: valid out-pointer.
-    setup(api, "hipDeviceGet", unsafe { (api.device_get)(&mut dev, device) }, "")?;
+    setup(
+        api,
+        "hipDeviceGet",
+        unsafe { (api.device_get)(&mut dev, device) },
+        "",
+    )?;
     let mut buf = [0 as c_char; 256];
     // SAFETY: buf holds 256 chars; the runtime writes a NUL-terminated name.
     setup(
@@ -358,21 +373,27 @@ fn device_name(api: &Api, device: c_int) -> Result<String> {
         unsafe { (api.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, dev) },
         "",
     )?;
-    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     Ok(String::from_utf8_lossy(&bytes).trim().to_string())
 }
 
 /// The device's `gcnArchName` (see the module docs for how it is read).
 fn device_arch(api: &Api, device: c_int) -> Result<AmdArch> {
     let (f, call, offset) = match (api.get_device_properties_r0600, api.get_device_properties) {
-        (Some(f), _) => (f, "hipGetDevicePropertiesR0600", ffi::GCN_ARCH_NAME_OFFSET_R0600),
+        (Some(f), _) => (
+            f,
+            "hipGetDevicePropertiesR0600",
+            ffi::GCN_ARCH_NAME_OFFSET_R0600,
+        ),
         (None, Some(f)) => (f, "hipGetDeviceProperties", ffi::GCN_ARCH_NAME_OFFSET_R0000),
-        (None, None) => {
-            return Err(unavailable(format!(
-                "the HIP runtime {} has neither hipGetDevicePropertiesR0600 nor hipGetDeviceProperties",
-                api.path
-            )))
-        }
+        (None, None) => return Err(unavailable(format!(
+            "the HIP runtime {} has neither hipGetDevicePropertiesR0600 nor hipGetDeviceProperties",
+            api.path
+        ))),
     };
     // u64 elements: 8-byte alignment, as the C struct has.
     let mut props = vec![0u64; ffi::DEVICE_PROP_BYTES / 8];
@@ -447,7 +468,10 @@ impl HipBackend {
         let target = arch.code_object_target().map_err(|e| match e {
             Error::Unavailable { backend, reason } => Error::Unavailable {
                 backend,
-                reason: format!("{reason} (HIP device {device}, {device_name}, runtime {})", api.path),
+                reason: format!(
+                    "{reason} (HIP device {device}, {device_name}, runtime {})",
+                    api.path
+                ),
             },
             other => other,
         })?;
@@ -472,7 +496,12 @@ impl HipBackend {
         // From here on, Drop releases whatever was created.
         let mut s: Stream = null_mut();
         // SAFETY: valid out-pointer.
-        setup(&api, "hipStreamCreate", unsafe { (api.stream_create)(&mut s) }, "")?;
+        setup(
+            &api,
+            "hipStreamCreate",
+            unsafe { (api.stream_create)(&mut s) },
+            "",
+        )?;
         b.stream = Handle(s);
         let mut m = null_mut();
         // SAFETY: image is a complete AMDGPU code object (ELF) that lives for 'static.
@@ -520,7 +549,12 @@ impl HipBackend {
             unsafe { (api.memset_async)(c, 0, NUM_COUNTERS * 4, s) },
             "",
         )?;
-        setup(&api, "hipStreamSynchronize", unsafe { (api.stream_synchronize)(s) }, "")?;
+        setup(
+            &api,
+            "hipStreamSynchronize",
+            unsafe { (api.stream_synchronize)(s) },
+            "",
+        )?;
         Ok(b)
     }
 
@@ -565,7 +599,9 @@ impl HipBackend {
 
     fn select_device(&self) -> Result<()> {
         // SAFETY: plain C call with the ordinal opened in new().
-        self.check("hipSetDevice", unsafe { (self.api.set_device)(self.device as c_int) })
+        self.check("hipSetDevice", unsafe {
+            (self.api.set_device)(self.device as c_int)
+        })
     }
 
     /// A zero-filled buffer of `len` bytes.
@@ -573,7 +609,8 @@ impl HipBackend {
         let buf = self.alloc(len)?;
         if len > 0 {
             // SAFETY: buf holds len bytes; the stream is ours.
-            let code = unsafe { (self.api.memset_async)(buf.ptr as *mut c_void, 0, len, self.stream.0) };
+            let code =
+                unsafe { (self.api.memset_async)(buf.ptr as *mut c_void, 0, len, self.stream.0) };
             self.check("hipMemsetAsync", code)?;
             self.synchronize()?;
         }
@@ -599,7 +636,11 @@ impl HipBackend {
             .iter()
             .position(|n| *n == kernel)
             .map(|i| self.functions[i].0)
-            .ok_or_else(|| unavailable(format!("no kernel named {kernel} in kernel_abi::KERNEL_NAMES")))
+            .ok_or_else(|| {
+                unavailable(format!(
+                    "no kernel named {kernel} in kernel_abi::KERNEL_NAMES"
+                ))
+            })
     }
 
     /// Launches `kernel` over `items` groups with `params` as its one argument.
@@ -607,7 +648,13 @@ impl HipBackend {
     /// # Safety
     /// The addresses in `params` must be valid device memory for the kernel's
     /// accesses, and `stream` a stream of this device (or null).
-    unsafe fn launch<P: Copy>(&self, kernel: &'static str, items: u64, params: &P, stream: Stream) -> Result<()> {
+    unsafe fn launch<P: Copy>(
+        &self,
+        kernel: &'static str,
+        items: u64,
+        params: &P,
+        stream: Stream,
+    ) -> Result<()> {
         let f = self.function(kernel)?;
         // The launch goes to the stream's device, but a null stream means
         // the calling thread's current device: make that ours (a
@@ -631,17 +678,30 @@ impl HipBackend {
         self.check("hipModuleLaunchKernel", code)
     }
 
-    unsafe fn compress_on<S: DevicePtr + ?Sized>(&self, a: &CompressArgs<'_, S>, stream: Stream) -> Result<()> {
+    unsafe fn compress_on<S: DevicePtr + ?Sized>(
+        &self,
+        a: &CompressArgs<'_, S>,
+        stream: Stream,
+    ) -> Result<()> {
         let p = plan_compress(a)?;
         if p.n == 0 {
             return Ok(());
         }
         let ptrs = compress_ptrs(a, self.counters.0 as u64);
         let params = compress_params(&p, &ptrs);
-        self.launch(compress_kernel(p.compress_ratio), compress_items(&p), &params, stream)
+        self.launch(
+            compress_kernel(p.compress_ratio),
+            compress_items(&p),
+            &params,
+            stream,
+        )
     }
 
-    unsafe fn insert_on<S: DevicePtr + ?Sized>(&self, a: &InsertArgs<'_, S>, stream: Stream) -> Result<()> {
+    unsafe fn insert_on<S: DevicePtr + ?Sized>(
+        &self,
+        a: &InsertArgs<'_, S>,
+        stream: Stream,
+    ) -> Result<()> {
         let p = plan_insert(a)?;
         if p.n == 0 {
             return Ok(());
@@ -659,7 +719,11 @@ impl HipBackend {
         self.launch(insert_kernel(p.cache.layout), p.n as u64, &params, stream)
     }
 
-    unsafe fn ring_rows_on<S: DevicePtr + ?Sized>(&self, a: &RingArgs<'_, S>, stream: Stream) -> Result<()> {
+    unsafe fn ring_rows_on<S: DevicePtr + ?Sized>(
+        &self,
+        a: &RingArgs<'_, S>,
+        stream: Stream,
+    ) -> Result<()> {
         let p = plan_ring_rows(a)?;
         if p.n == 0 {
             return Ok(());
@@ -674,7 +738,11 @@ impl HipBackend {
         self.launch("kv_save_ring_rows", p.n as u64, &params, stream)
     }
 
-    unsafe fn fused_on<S: DevicePtr + ?Sized>(&self, a: &FusedArgs<'_, S>, stream: Stream) -> Result<()> {
+    unsafe fn fused_on<S: DevicePtr + ?Sized>(
+        &self,
+        a: &FusedArgs<'_, S>,
+        stream: Stream,
+    ) -> Result<()> {
         let fp = plan_fused(a)?;
         if fp.compress.n == 0 {
             return Ok(());
@@ -708,7 +776,11 @@ impl HipBackend {
     /// its `len` bytes until the launch completes, with no other work
     /// writing it meanwhile; `stream` must be a `hipStream_t` of this device
     /// or null (HIP's null stream).
-    pub unsafe fn rope_quant_insert_raw(&self, args: &InsertArgs<'_, RawDevice>, stream: *mut c_void) -> Result<()> {
+    pub unsafe fn rope_quant_insert_raw(
+        &self,
+        args: &InsertArgs<'_, RawDevice>,
+        stream: *mut c_void,
+    ) -> Result<()> {
         raw_rows("latent", args.latent.buf, &args.latent.desc)?;
         raw_index("positions", &args.positions)?;
         raw_index("slot_mapping", &args.slot_mapping)?;
@@ -737,7 +809,11 @@ impl HipBackend {
     ///
     /// # Safety
     /// As [`HipBackend::rope_quant_insert_raw`].
-    pub unsafe fn save_ring_rows_raw(&self, args: &RingArgs<'_, RawDevice>, stream: *mut c_void) -> Result<()> {
+    pub unsafe fn save_ring_rows_raw(
+        &self,
+        args: &RingArgs<'_, RawDevice>,
+        stream: *mut c_void,
+    ) -> Result<()> {
         raw_rows("rows", args.rows.buf, &args.rows.desc)?;
         raw_index("slot_mapping", &args.slot_mapping)?;
         raw_rows("state_cache", args.state_cache.buf, &args.state_cache.desc)?;
@@ -748,7 +824,11 @@ impl HipBackend {
     ///
     /// # Safety
     /// As [`HipBackend::rope_quant_insert_raw`].
-    pub unsafe fn fused_compress_insert_raw(&self, args: &FusedArgs<'_, RawDevice>, stream: *mut c_void) -> Result<()> {
+    pub unsafe fn fused_compress_insert_raw(
+        &self,
+        args: &FusedArgs<'_, RawDevice>,
+        stream: *mut c_void,
+    ) -> Result<()> {
         raw_compress_checks(&args.compress)?;
         raw_index("cache_slot_mapping", &args.cache_slot_mapping)?;
         raw_insert_tail_checks(
@@ -773,10 +853,16 @@ impl HipBackend {
         }
         let run = || -> Result<f32> {
             // SAFETY: the events and the stream are live.
-            self.check("hipEventRecord", unsafe { (api.event_record)(ev[0], self.stream.0) })?;
+            self.check("hipEventRecord", unsafe {
+                (api.event_record)(ev[0], self.stream.0)
+            })?;
             f(self)?;
-            self.check("hipEventRecord", unsafe { (api.event_record)(ev[1], self.stream.0) })?;
-            self.check("hipEventSynchronize", unsafe { (api.event_synchronize)(ev[1]) })?;
+            self.check("hipEventRecord", unsafe {
+                (api.event_record)(ev[1], self.stream.0)
+            })?;
+            self.check("hipEventSynchronize", unsafe {
+                (api.event_synchronize)(ev[1])
+            })?;
             let mut ms = 0f32;
             self.check("hipEventElapsedTime", unsafe {
                 (api.event_elapsed_time)(&mut ms, ev[0], ev[1])
@@ -801,7 +887,11 @@ impl HipBackend {
                 api.path
             ))
         };
-        let (begin, end, inst) = match (api.stream_begin_capture, api.stream_end_capture, api.graph_instantiate) {
+        let (begin, end, inst) = match (
+            api.stream_begin_capture,
+            api.stream_end_capture,
+            api.graph_instantiate,
+        ) {
             (Some(b), Some(e), Some(i)) if api.graph_launch.is_some() => (b, e, i),
             _ => return Err(missing()),
         };
@@ -924,7 +1014,9 @@ impl HipGraph<'_> {
             .ok_or_else(|| unavailable("hipGraphLaunch is missing"))?;
         // SAFETY: exec is an instantiated graph; the stream is the backend's,
         // alive while the graph borrows the backend.
-        check(&self.api, "hipGraphLaunch", unsafe { f(self.exec.0, self.stream.0) })
+        check(&self.api, "hipGraphLaunch", unsafe {
+            f(self.exec.0, self.stream.0)
+        })
     }
 }
 
@@ -1072,7 +1164,8 @@ pub fn probe() -> std::result::Result<String, Error> {
     );
     for d in 0..count {
         let ordinal = d as c_int;
-        let name = device_name(&api, ordinal).unwrap_or_else(|e| format!("(name unavailable: {e})"));
+        let name =
+            device_name(&api, ordinal).unwrap_or_else(|e| format!("(name unavailable: {e})"));
         let mem = total_mem(&api, ordinal).map_or(String::new(), |b| format!(", {} GiB", b >> 30));
         let line = match device_arch(&api, ordinal) {
             Err(e) => format!("hip:{d} {name}{mem}: {e}"),
@@ -1105,12 +1198,21 @@ mod tests {
     #[test]
     fn raw_alignment_checks() {
         let d = TensorDesc::contiguous(crate::tensor::DType::I32, &[4]);
-        let ok = RawDevice { ptr: 0x1000, len: 16 };
+        let ok = RawDevice {
+            ptr: 0x1000,
+            len: 16,
+        };
         assert!(raw_aligned("positions", &ok, &d, 4).is_ok());
-        let odd = RawDevice { ptr: 0x1002, len: 16 };
+        let odd = RawDevice {
+            ptr: 0x1002,
+            len: 16,
+        };
         assert!(matches!(
             raw_aligned("positions", &odd, &d, 4),
-            Err(Error::Shape { arg: "positions", .. })
+            Err(Error::Shape {
+                arg: "positions",
+                ..
+            })
         ));
         let null = RawDevice::new(0, 16);
         assert!(matches!(
@@ -1119,8 +1221,24 @@ mod tests {
         ));
         assert!(raw_aligned("positions", &RawDevice::unbounded(0x1000), &d, 4).is_ok());
         let rows = TensorDesc::contiguous(crate::tensor::DType::BF16, &[1, 512]).with_offset(16);
-        assert!(raw_rows("latent", &RawDevice { ptr: 0x2000, len: 4096 }, &rows).is_ok());
-        assert!(raw_rows("latent", &RawDevice { ptr: 0x2008, len: 4096 }, &rows).is_err());
+        assert!(raw_rows(
+            "latent",
+            &RawDevice {
+                ptr: 0x2000,
+                len: 4096
+            },
+            &rows
+        )
+        .is_ok());
+        assert!(raw_rows(
+            "latent",
+            &RawDevice {
+                ptr: 0x2008,
+                len: 4096
+            },
+            &rows
+        )
+        .is_err());
     }
 
     #[test]

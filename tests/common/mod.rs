@@ -20,8 +20,8 @@
 
 use dsv4_kvcache::formats::{bf16_from_f32, bf16_to_f32};
 use dsv4_kvcache::{
-    Backend, CompressArgs, DType, Error, FusedArgs, InsertArgs, RecordLayout, RingArgs, SkipCounts, Tensor,
-    TensorDesc, TensorMut,
+    Backend, CompressArgs, DType, Error, FusedArgs, InsertArgs, RecordLayout, RingArgs, SkipCounts,
+    Tensor, TensorDesc, TensorMut,
 };
 use proptest::prelude::*;
 
@@ -154,9 +154,9 @@ pub const SPECIAL_F32: [u32; 20] = [
 /// the largest finite, subnormals, the smallest normal, one ulp around 1,
 /// 448 and its neighbours, e2m1 ties (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5).
 pub const SPECIAL_BF16: [u16; 28] = [
-    0x0000, 0x8000, 0x7fc0, 0xffc0, 0x7f80, 0xff80, 0x7f7f, 0xff7f, 0x0001, 0x8001, 0x0080, 0x8080, 0x3f80,
-    0x3f81, 0x3f7f, 0x43e0, 0x43e1, 0x43df, 0x3e80, 0x3f40, 0x3fa0, 0x3fe0, 0x4020, 0x4060, 0x40a0, 0xc0a0,
-    0x38d1, 0x7f00,
+    0x0000, 0x8000, 0x7fc0, 0xffc0, 0x7f80, 0xff80, 0x7f7f, 0xff7f, 0x0001, 0x8001, 0x0080, 0x8080,
+    0x3f80, 0x3f81, 0x3f7f, 0x43e0, 0x43e1, 0x43df, 0x3e80, 0x3f40, 0x3fa0, 0x3fe0, 0x4020, 0x4060,
+    0x40a0, 0xc0a0, 0x38d1, 0x7f00,
 ];
 
 // ---- typed data to bytes --------------------------------------------------------
@@ -242,7 +242,11 @@ impl Buf {
     /// row-major).
     pub fn new(desc: TensorDesc, tail: usize, elems: &[u8]) -> Self {
         let esz = desc.dtype.size();
-        assert_eq!(elems.len(), desc.numel() * esz, "element bytes for {desc:?}");
+        assert_eq!(
+            elems.len(),
+            desc.numel() * esz,
+            "element bytes for {desc:?}"
+        );
         let len = desc.end_byte().expect("view size") as usize + tail;
         let mut bytes = canary(len);
         for (k, o) in element_offsets(&desc).into_iter().enumerate() {
@@ -271,7 +275,14 @@ impl Buf {
     }
 
     /// An F32 `[rows, width]` tensor with row stride `stride` elements.
-    pub fn f32_rows(v: &[f32], rows: usize, width: usize, stride: usize, offset: usize, tail: usize) -> Self {
+    pub fn f32_rows(
+        v: &[f32],
+        rows: usize,
+        width: usize,
+        stride: usize,
+        offset: usize,
+        tail: usize,
+    ) -> Self {
         let d = TensorDesc::strided(DType::F32, &[rows, width], &[stride, 1])
             .expect("rank 2")
             .with_offset(offset);
@@ -279,7 +290,14 @@ impl Buf {
     }
 
     /// A BF16 `[rows, width]` tensor with row stride `stride` elements.
-    pub fn bf16_rows(v: &[u16], rows: usize, width: usize, stride: usize, offset: usize, tail: usize) -> Self {
+    pub fn bf16_rows(
+        v: &[u16],
+        rows: usize,
+        width: usize,
+        stride: usize,
+        offset: usize,
+        tail: usize,
+    ) -> Self {
         let d = TensorDesc::strided(DType::BF16, &[rows, width], &[stride, 1])
             .expect("rank 2")
             .with_offset(offset);
@@ -308,7 +326,9 @@ impl Buf {
             .into_iter()
             .map(|o| match self.desc.dtype {
                 DType::I64 => i64::from_le_bytes(self.bytes[o..o + 8].try_into().expect("8 bytes")),
-                DType::I32 => i32::from_le_bytes(self.bytes[o..o + 4].try_into().expect("4 bytes")) as i64,
+                DType::I32 => {
+                    i32::from_le_bytes(self.bytes[o..o + 4].try_into().expect("4 bytes")) as i64
+                }
                 d => panic!("indices() of a {d} tensor ({esz} bytes)"),
             })
             .collect()
@@ -316,7 +336,11 @@ impl Buf {
 
     /// Byte offset of the element at `idx` (any rank).
     pub fn offset_of(&self, idx: &[usize]) -> usize {
-        let e: usize = idx.iter().zip(self.desc.strides()).map(|(i, s)| i * s).sum();
+        let e: usize = idx
+            .iter()
+            .zip(self.desc.strides())
+            .map(|(i, s)| i * s)
+            .sum();
         self.desc.offset + e * self.desc.dtype.size()
     }
 
@@ -421,7 +445,15 @@ pub fn all_kinds() -> Vec<Kind> {
                     out.push(k);
                     for layout in RecordLayout::ALL {
                         for cos_bf16 in [false, true] {
-                            for op in [Op::Insert, Op::Fused { skip_latent_out: false }, Op::Fused { skip_latent_out: true }] {
+                            for op in [
+                                Op::Insert,
+                                Op::Fused {
+                                    skip_latent_out: false,
+                                },
+                                Op::Fused {
+                                    skip_latent_out: true,
+                                },
+                            ] {
                                 if op == Op::Insert && prev {
                                     continue;
                                 }
@@ -446,7 +478,11 @@ pub fn all_kinds() -> Vec<Kind> {
 }
 
 /// A proptest strategy over kinds restricted to the given ops.
-pub fn kind_strategy(ops: Vec<Op>, special_values: bool, wild_indices: bool) -> impl Strategy<Value = Kind> {
+pub fn kind_strategy(
+    ops: Vec<Op>,
+    special_values: bool,
+    wild_indices: bool,
+) -> impl Strategy<Value = Kind> {
     (
         proptest::sample::select(ops),
         proptest::sample::select(vec![1u32, 2]),
@@ -456,17 +492,19 @@ pub fn kind_strategy(ops: Vec<Op>, special_values: bool, wild_indices: bool) -> 
         any::<bool>(),
         any::<bool>(),
     )
-        .prop_map(move |(op, cr, layout, prev, sanitize, i64, cos_bf16)| Kind {
-            op,
-            cr,
-            layout,
-            prev_rows: prev && cr == 2 && op != Op::Insert,
-            sanitize,
-            index_i64: i64,
-            cos_bf16,
-            special_values,
-            wild_indices,
-        })
+        .prop_map(
+            move |(op, cr, layout, prev, sanitize, i64, cos_bf16)| Kind {
+                op,
+                cr,
+                layout,
+                prev_rows: prev && cr == 2 && op != Op::Insert,
+                sanitize,
+                index_i64: i64,
+                cos_bf16,
+                special_values,
+                wild_indices,
+            },
+        )
 }
 
 /// One launch with all its buffers. Optional arguments are `None` when not
@@ -549,11 +587,15 @@ fn upload<B: Backend>(b: &B, x: &Option<Buf>) -> Option<B::Buffer> {
 }
 
 fn view<'a, S>(u: &'a Option<S>, c: &Option<Buf>) -> Option<Tensor<'a, S>> {
-    u.as_ref().zip(c.as_ref()).map(|(u, c)| Tensor::new(u, c.desc))
+    u.as_ref()
+        .zip(c.as_ref())
+        .map(|(u, c)| Tensor::new(u, c.desc))
 }
 
 fn view_mut<'a, S>(u: &'a mut Option<S>, c: &Option<Buf>) -> Option<TensorMut<'a, S>> {
-    u.as_mut().zip(c.as_ref()).map(|(u, c)| TensorMut::new(u, c.desc))
+    u.as_mut()
+        .zip(c.as_ref())
+        .map(|(u, c)| TensorMut::new(u, c.desc))
 }
 
 fn missing(case: &str, what: &str) -> ! {
@@ -597,15 +639,18 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
         Op::Compress | Op::Fused { .. } => {
             let compress = CompressArgs {
                 kv_score: view(&kv, &case.kv_score).unwrap_or_else(|| missing(name, "kv_score")),
-                positions: view(&pos, &case.positions).unwrap_or_else(|| missing(name, "positions")),
+                positions: view(&pos, &case.positions)
+                    .unwrap_or_else(|| missing(name, "positions")),
                 state_cache: view_mut(&mut state, &case.state_cache),
                 slot_mapping: slot_t,
                 query_start_loc: view(&qsl, &case.query_start_loc),
                 token_to_req_indices: view(&ttr, &case.token_to_req_indices),
-                rms_norm_weight: view(&w, &case.rms_norm_weight).unwrap_or_else(|| missing(name, "rms_norm_weight")),
+                rms_norm_weight: view(&w, &case.rms_norm_weight)
+                    .unwrap_or_else(|| missing(name, "rms_norm_weight")),
                 rms_norm_eps: case.eps,
                 compress_ratio: case.compress_ratio,
-                latent_out: view_mut(&mut latent, &case.latent).unwrap_or_else(|| missing(name, "latent_out")),
+                latent_out: view_mut(&mut latent, &case.latent)
+                    .unwrap_or_else(|| missing(name, "latent_out")),
                 prev_rows: view(&prev, &case.prev_rows),
                 prev_row_indices: view(&prev_idx, &case.prev_row_indices),
             };
@@ -613,9 +658,12 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
                 Op::Fused { skip_latent_out } => b.fused_compress_insert(FusedArgs {
                     compress,
                     skip_latent_out,
-                    cos_sin_cache: view(&cos, &case.cos_sin_cache).unwrap_or_else(|| missing(name, "cos_sin_cache")),
-                    kv_cache: view_mut(&mut cache, &case.kv_cache).unwrap_or_else(|| missing(name, "kv_cache")),
-                    cache_slot_mapping: view(&cslots, &case.cache_slot_mapping).unwrap_or_else(|| missing(name, "cache_slot_mapping")),
+                    cos_sin_cache: view(&cos, &case.cos_sin_cache)
+                        .unwrap_or_else(|| missing(name, "cos_sin_cache")),
+                    kv_cache: view_mut(&mut cache, &case.kv_cache)
+                        .unwrap_or_else(|| missing(name, "kv_cache")),
+                    cache_slot_mapping: view(&cslots, &case.cache_slot_mapping)
+                        .unwrap_or_else(|| missing(name, "cache_slot_mapping")),
                     fp8_scale: view(&fp8, &case.fp8_scale),
                 }),
                 _ => b.fused_save_compress_norm(compress),
@@ -624,8 +672,10 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
         Op::Insert => b.rope_quant_insert(InsertArgs {
             latent: view(&latent, &case.latent).unwrap_or_else(|| missing(name, "latent")),
             positions: view(&pos, &case.positions).unwrap_or_else(|| missing(name, "positions")),
-            cos_sin_cache: view(&cos, &case.cos_sin_cache).unwrap_or_else(|| missing(name, "cos_sin_cache")),
-            kv_cache: view_mut(&mut cache, &case.kv_cache).unwrap_or_else(|| missing(name, "kv_cache")),
+            cos_sin_cache: view(&cos, &case.cos_sin_cache)
+                .unwrap_or_else(|| missing(name, "cos_sin_cache")),
+            kv_cache: view_mut(&mut cache, &case.kv_cache)
+                .unwrap_or_else(|| missing(name, "kv_cache")),
             slot_mapping: slot_t,
             compress_ratio: case.compress_ratio,
             fp8_scale: view(&fp8, &case.fp8_scale),
@@ -633,7 +683,8 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
         Op::SaveRing => b.save_ring_rows(RingArgs {
             rows: view(&rows, &case.rows).unwrap_or_else(|| missing(name, "rows")),
             slot_mapping: slot_t,
-            state_cache: view_mut(&mut state, &case.state_cache).unwrap_or_else(|| missing(name, "state_cache")),
+            state_cache: view_mut(&mut state, &case.state_cache)
+                .unwrap_or_else(|| missing(name, "state_cache")),
         }),
     };
     let skips = b.take_skip_counts().expect("skip counts");
@@ -762,8 +813,20 @@ impl CompressSpec {
         let g = self.geo;
         case.eps = self.eps;
         case.compress_ratio = self.cr;
-        case.kv_score = Some(Buf::f32_rows(&self.kv, rows, w, w + self.kv_row_pad, g.offset, g.tail));
-        case.positions = Some(Buf::index(&self.positions, self.index_i64, g.offset, g.tail));
+        case.kv_score = Some(Buf::f32_rows(
+            &self.kv,
+            rows,
+            w,
+            w + self.kv_row_pad,
+            g.offset,
+            g.tail,
+        ));
+        case.positions = Some(Buf::index(
+            &self.positions,
+            self.index_i64,
+            g.offset,
+            g.tail,
+        ));
         case.slot_mapping = Buf::index(&self.slots, self.index_i64, g.offset, g.tail);
         case.rms_norm_weight = Some(Buf::new(
             TensorDesc::contiguous(DType::BF16, &[512]).with_offset(g.offset),
@@ -776,7 +839,8 @@ impl CompressSpec {
         ));
         if self.cr == 2 {
             case.query_start_loc = Some(Buf::index(&self.qsl, self.index_i64, g.offset, g.tail));
-            case.token_to_req_indices = Some(Buf::index(&self.ttr, self.index_i64, g.offset, g.tail));
+            case.token_to_req_indices =
+                Some(Buf::index(&self.ttr, self.index_i64, g.offset, g.tail));
             case.state_cache = self.ring.as_ref().map(|r| r.buf(g));
             if let Some((rows_v, idx)) = &self.prev {
                 let pr = rows_v.len() / 1024;
@@ -831,9 +895,23 @@ impl CosSinSpec {
     /// The table's buffer.
     pub fn buf(&self, geo: Geo) -> Buf {
         if self.bf16 {
-            Buf::bf16_rows(&to_bf16(&self.data), self.rows, self.width, self.stride, geo.offset, geo.tail)
+            Buf::bf16_rows(
+                &to_bf16(&self.data),
+                self.rows,
+                self.width,
+                self.stride,
+                geo.offset,
+                geo.tail,
+            )
         } else {
-            Buf::f32_rows(&self.data, self.rows, self.width, self.stride, geo.offset, geo.tail)
+            Buf::f32_rows(
+                &self.data,
+                self.rows,
+                self.width,
+                self.stride,
+                geo.offset,
+                geo.tail,
+            )
         }
     }
 }
@@ -898,7 +976,12 @@ impl CacheSpec {
             }
             l => {
                 let w = l.record_bytes();
-                TensorDesc::strided(DType::U8, &[b, bs, w], &[bs * w + self.block_pad_bytes, w, 1]).expect("rank 3")
+                TensorDesc::strided(
+                    DType::U8,
+                    &[b, bs, w],
+                    &[bs * w + self.block_pad_bytes, w, 1],
+                )
+                .expect("rank 3")
             }
         }
     }
@@ -1021,7 +1104,12 @@ pub fn fused_case(
     c.kind.op = Op::Fused { skip_latent_out };
     c.kind.layout = cache.layout;
     c.kind.cos_bf16 = cos_sin.bf16;
-    c.cache_slot_mapping = Some(Buf::index(cache_slots, s.index_i64, s.geo.offset, s.geo.tail));
+    c.cache_slot_mapping = Some(Buf::index(
+        cache_slots,
+        s.index_i64,
+        s.geo.offset,
+        s.geo.tail,
+    ));
     c.cos_sin_cache = Some(cos_sin.buf(s.geo));
     let (kc, scale) = cache.bufs(s.geo);
     c.kv_cache = Some(kc);
@@ -1047,7 +1135,14 @@ pub fn ring_case(
     k.index_i64 = index_i64;
     let mut c = empty_case(name, k);
     let n = rows.len() / 1024;
-    c.rows = Some(Buf::f32_rows(rows, n, 1024, 1024 + row_pad, geo.offset, geo.tail));
+    c.rows = Some(Buf::f32_rows(
+        rows,
+        n,
+        1024,
+        1024 + row_pad,
+        geo.offset,
+        geo.tail,
+    ));
     c.slot_mapping = Buf::index(slots, index_i64, geo.offset, geo.tail);
     c.state_cache = Some(ring.buf(geo));
     c
@@ -1099,12 +1194,20 @@ pub fn latent_row(rng: &mut Prng, special: bool) -> Vec<u16> {
 
 /// A BF16 weight near 1.
 pub fn weight(rng: &mut Prng) -> Vec<u16> {
-    (0..512).map(|_| bf16_from_f32(0.5 + rng.unit() as f32)).collect()
+    (0..512)
+        .map(|_| bf16_from_f32(0.5 + rng.unit() as f32))
+        .collect()
 }
 
 /// A random CR1 compressor spec for `n` tokens: `slots[t]` are the given
 /// marks.
-fn cr1_spec(rng: &mut Prng, k: &Kind, slots: Vec<i64>, positions: Vec<i64>, geo: Geo) -> CompressSpec {
+fn cr1_spec(
+    rng: &mut Prng,
+    k: &Kind,
+    slots: Vec<i64>,
+    positions: Vec<i64>,
+    geo: Geo,
+) -> CompressSpec {
     let n = slots.len();
     let rows = n + rng.below(3);
     let mut kv = vec![0.0f32; rows * 512];
@@ -1251,7 +1354,9 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
         Op::Insert => {
             let n = rng.below(9);
             let rows = n + rng.below(3);
-            let latent: Vec<u16> = (0..rows).flat_map(|_| latent_row(rng, kind.special_values)).collect();
+            let latent: Vec<u16> = (0..rows)
+                .flat_map(|_| latent_row(rng, kind.special_values))
+                .collect();
             let max_pos = 24usize;
             let positions: Vec<i64> = (0..rows)
                 .map(|_| {
@@ -1264,7 +1369,11 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
                 })
                 .collect();
             let cache = CacheSpec::random(rng, kind.layout, n);
-            let mut slots: Vec<i64> = rng.distinct(cache.capacity(), n).into_iter().map(|s| s as i64).collect();
+            let mut slots: Vec<i64> = rng
+                .distinct(cache.capacity(), n)
+                .into_iter()
+                .map(|s| s as i64)
+                .collect();
             for s in slots.iter_mut() {
                 if rng.chance(0.15) {
                     *s = -1;
@@ -1297,10 +1406,22 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
             let spec = if kind.cr == 1 {
                 let n = rng.below(9);
                 let marks: Vec<i64> = (0..n)
-                    .map(|_| if rng.chance(0.15) { -1 } else { rng.range(0, 1000) })
+                    .map(|_| {
+                        if rng.chance(0.15) {
+                            -1
+                        } else {
+                            rng.range(0, 1000)
+                        }
+                    })
                     .collect();
                 let positions: Vec<i64> = (0..n)
-                    .map(|_| if kind.wild_indices && rng.chance(0.1) { -1 } else { rng.range(0, 24) })
+                    .map(|_| {
+                        if kind.wild_indices && rng.chance(0.1) {
+                            -1
+                        } else {
+                            rng.range(0, 24)
+                        }
+                    })
                     .collect();
                 cr1_spec(rng, &kind, marks, positions, geo)
             } else {
@@ -1330,7 +1451,15 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
                         spec.slots.clone_from(&cslots);
                     }
                     let cs = CosSinSpec::rotations(rng, 32, kind.cos_bf16);
-                    fused_case(&name, &spec, &cslots, &cs, &cache, skip_latent_out, kind.sanitize)
+                    fused_case(
+                        &name,
+                        &spec,
+                        &cslots,
+                        &cs,
+                        &cache,
+                        skip_latent_out,
+                        kind.sanitize,
+                    )
                 }
                 _ => compress_case(&name, &spec, kind.sanitize),
             }
@@ -1340,7 +1469,11 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
             let cap = 1 + rng.below(4);
             let ring = RingSpec::random(rng, blocks, cap, kind.special_values);
             let n = rng.below(blocks * cap + 1);
-            let mut slots: Vec<i64> = rng.distinct(blocks * cap, n).into_iter().map(|s| s as i64).collect();
+            let mut slots: Vec<i64> = rng
+                .distinct(blocks * cap, n)
+                .into_iter()
+                .map(|s| s as i64)
+                .collect();
             for s in slots.iter_mut() {
                 if rng.chance(0.15) {
                     *s = -1;
@@ -1350,7 +1483,16 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
             }
             let mut rows = vec![0.0f32; n * 1024];
             fill_kv_rows(rng, &mut rows, kind.special_values);
-            ring_case(&name, &rows, 4 * rng.below(3), &slots, &ring, kind.index_i64, geo, kind.sanitize)
+            ring_case(
+                &name,
+                &rows,
+                4 * rng.below(3),
+                &slots,
+                &ring,
+                kind.index_i64,
+                geo,
+                kind.sanitize,
+            )
         }
     };
     case.kind = kind;
@@ -1417,14 +1559,20 @@ pub fn adversarial_latents() -> Vec<(&'static str, Vec<u16>)> {
     // Huge and tiny magnitudes.
     let mut ext = vec![0u16; 512];
     for (i, x) in ext.iter_mut().enumerate() {
-        *x = [0x7f7f, 0xff7f, 0x7f00, 0x0001, 0x8001, 0x0080, 0x38d1, 0x0000][i % 8];
+        *x = [
+            0x7f7f, 0xff7f, 0x7f00, 0x0001, 0x8001, 0x0080, 0x38d1, 0x0000,
+        ][i % 8];
     }
     out.push(("extremes", ext));
     // Huge values one block, tiny the next (scale bytes at both ends).
     let mut split = vec![0u16; 512];
     for (i, x) in split.iter_mut().enumerate() {
         let huge = (i / 32) % 2 == 0;
-        let v = if huge { 0x7e00 | (i as u16 & 0x7f) } else { 0x0100 | (i as u16 & 0x7f) };
+        let v = if huge {
+            0x7e00 | (i as u16 & 0x7f)
+        } else {
+            0x0100 | (i as u16 & 0x7f)
+        };
         *x = if i % 2 == 0 { v } else { v | 0x8000 };
     }
     out.push(("huge and tiny blocks", split));
@@ -1454,7 +1602,11 @@ pub fn adversarial_latents() -> Vec<(&'static str, Vec<u16>)> {
         let k = block as i32 * 3 - 24;
         let amax = bf16_of(448.0 * 2f32.powi(k));
         let lead = [amax, amax + 1, amax - 1][block % 3];
-        *x = if i % 32 == 5 { lead } else { bf16_of(2f32.powi(k) * ((i % 7) as f32 + 0.5)) };
+        *x = if i % 32 == 5 {
+            lead
+        } else {
+            bf16_of(2f32.powi(k) * ((i % 7) as f32 + 0.5))
+        };
     }
     out.push(("powers of two", pw));
     // Values one ulp around powers of two everywhere.
@@ -1465,7 +1617,12 @@ pub fn adversarial_latents() -> Vec<(&'static str, Vec<u16>)> {
     }
     out.push(("ulp around powers of two", ulp));
     // All below the FP8 amax floor 1e-4.
-    out.push(("below amax floor", (0..512).map(|i| bf16_of(1e-6 * ((i % 9) as f32 - 4.0))).collect()));
+    out.push((
+        "below amax floor",
+        (0..512)
+            .map(|i| bf16_of(1e-6 * ((i % 9) as f32 - 4.0)))
+            .collect(),
+    ));
     out
 }
 
@@ -1477,7 +1634,10 @@ pub fn adversarial_cos_sin(bf16: bool) -> CosSinSpec {
         (1.0, 0.0),
         (0.0, 1.0),
         (-1.0, -0.0),
-        (std::f32::consts::FRAC_1_SQRT_2, std::f32::consts::FRAC_1_SQRT_2),
+        (
+            std::f32::consts::FRAC_1_SQRT_2,
+            std::f32::consts::FRAC_1_SQRT_2,
+        ),
         (-0.0, -1.0),
         (0.6, -0.8),
         (f32::from_bits(0x3f7f_ffff), f32::from_bits(0x3980_0000)),
@@ -1577,7 +1737,10 @@ pub fn adversarial_cases() -> Vec<Case> {
                     index_i64,
                     geo,
                 };
-                let name = format!("adversarial insert {} cr{cr} sanitize={sanitize}", layout.name());
+                let name = format!(
+                    "adversarial insert {} cr{cr} sanitize={sanitize}",
+                    layout.name()
+                );
                 out.push(insert_case(&name, &spec, sanitize));
             }
         }
@@ -1633,8 +1796,13 @@ pub fn adversarial_cases() -> Vec<Case> {
             }
             let table = adversarial_cos_sin(i % 2 == 0);
             for skip in [false, true] {
-                let name = format!("adversarial fused {} cr{cr} skip_latent_out={skip}", layout.name());
-                out.push(fused_case(&name, &spec, &cslots, &table, &cache, skip, sanitize));
+                let name = format!(
+                    "adversarial fused {} cr{cr} skip_latent_out={skip}",
+                    layout.name()
+                );
+                out.push(fused_case(
+                    &name, &spec, &cslots, &table, &cache, skip, sanitize,
+                ));
             }
         }
     }
@@ -1658,7 +1826,10 @@ pub fn adversarial_cases() -> Vec<Case> {
             &slots,
             &ring,
             index_i64,
-            Geo { offset: 64, tail: 16 },
+            Geo {
+                offset: 64,
+                tail: 16,
+            },
             index_i64,
         ));
     }
@@ -1741,7 +1912,10 @@ fn adversarial_cr1_spec(rng: &mut Prng, eps: f32, index_i64: bool) -> CompressSp
         ring: None,
         prev: None,
         index_i64,
-        geo: Geo { offset: 64, tail: 16 },
+        geo: Geo {
+            offset: 64,
+            tail: 16,
+        },
     }
 }
 
@@ -1759,13 +1933,41 @@ fn adversarial_cr2_spec(rng: &mut Prng, prev: bool, index_i64: bool) -> Compress
     let cap = 3usize;
     let blocks = 7usize;
     let chunks = [
-        Chunk { block: 0, start_pos: 5, len: 4 },  // odd start: reads predecessor
-        Chunk { block: 1, start_pos: 0, len: 0 },  // empty
-        Chunk { block: 2, start_pos: 3, len: 3 },  // first slot -1 below
-        Chunk { block: 3, start_pos: 10, len: 7 }, // longer than the ring
-        Chunk { block: 4, start_pos: 7, len: 2 },  // first token's ring slot out of range below
-        Chunk { block: 5, start_pos: 1, len: 3 },  // token outside chunk / bad request below
-        Chunk { block: 6, start_pos: 9, len: 1 },  // prev index out of range (with prev)
+        Chunk {
+            block: 0,
+            start_pos: 5,
+            len: 4,
+        }, // odd start: reads predecessor
+        Chunk {
+            block: 1,
+            start_pos: 0,
+            len: 0,
+        }, // empty
+        Chunk {
+            block: 2,
+            start_pos: 3,
+            len: 3,
+        }, // first slot -1 below
+        Chunk {
+            block: 3,
+            start_pos: 10,
+            len: 7,
+        }, // longer than the ring
+        Chunk {
+            block: 4,
+            start_pos: 7,
+            len: 2,
+        }, // first token's ring slot out of range below
+        Chunk {
+            block: 5,
+            start_pos: 1,
+            len: 3,
+        }, // token outside chunk / bad request below
+        Chunk {
+            block: 6,
+            start_pos: 9,
+            len: 1,
+        }, // prev index out of range (with prev)
     ];
     let (mut positions, mut slots, qsl, mut ttr) = pack_chunks(&chunks, cap);
     let start = |r: usize| qsl[r] as usize;
@@ -1803,7 +2005,10 @@ fn adversarial_cr2_spec(rng: &mut Prng, prev: bool, index_i64: bool) -> Compress
         ring: Some(ring),
         prev,
         index_i64,
-        geo: Geo { offset: 0, tail: 64 },
+        geo: Geo {
+            offset: 0,
+            tail: 64,
+        },
     }
 }
 

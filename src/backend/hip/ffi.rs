@@ -133,7 +133,8 @@ impl Api {
                 Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
             }
         };
-        let text = cstr(unsafe { (self.get_error_string)(code) }).unwrap_or_else(|| "unknown error".into());
+        let text = cstr(unsafe { (self.get_error_string)(code) })
+            .unwrap_or_else(|| "unknown error".into());
         match self.get_error_name.and_then(|f| cstr(unsafe { f(code) })) {
             Some(name) => format!("{name}: {text} ({code})"),
             None => format!("{text} ({code})"),
@@ -239,7 +240,8 @@ mod tests {
         let mut p = vec![0u8; DEVICE_PROP_BYTES];
         p[..19].copy_from_slice(b"AMD Instinct MI300X");
         let arch = b"gfx942:sramecc+:xnack-";
-        p[GCN_ARCH_NAME_OFFSET_R0600..GCN_ARCH_NAME_OFFSET_R0600 + arch.len()].copy_from_slice(arch);
+        p[GCN_ARCH_NAME_OFFSET_R0600..GCN_ARCH_NAME_OFFSET_R0600 + arch.len()]
+            .copy_from_slice(arch);
         assert_eq!(
             find_arch_name(&p, GCN_ARCH_NAME_OFFSET_R0600).as_deref(),
             Some("gfx942:sramecc+:xnack-")
@@ -260,6 +262,9 @@ mod tests {
     fn candidates_start_with_the_soname() {
         let c = library_candidates();
         assert_eq!(c[0], PathBuf::from("libamdhip64.so"));
-        assert_eq!(c.last().unwrap(), &PathBuf::from("/opt/rocm/lib/libamdhip64.so"));
+        assert_eq!(
+            c.last().unwrap(),
+            &PathBuf::from("/opt/rocm/lib/libamdhip64.so")
+        );
     }
 }
