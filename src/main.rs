@@ -69,7 +69,27 @@ impl From<Error> for CliError {
 
 type CliResult<T> = std::result::Result<T, CliError>;
 
+/// Restores the default action of SIGPIPE, so that `dsv4-kvcache bench | head`
+/// ends quietly instead of panicking on a closed stdout (Rust ignores SIGPIPE).
+#[cfg(unix)]
+fn default_sigpipe() {
+    extern "C" {
+        fn signal(signum: i32, handler: usize) -> usize;
+    }
+    const SIGPIPE: i32 = 13; // Linux and macOS
+    const SIG_DFL: usize = 0;
+    // SAFETY: `signal` from the C library, called before any other thread
+    // exists, with a valid signal number and the default handler.
+    unsafe {
+        signal(SIGPIPE, SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn default_sigpipe() {}
+
 fn main() -> ExitCode {
+    default_sigpipe();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -190,6 +210,9 @@ impl Opts {
         match self.get("backend").unwrap_or("auto") {
             "auto" => Ok(Choice::Auto),
             "cpu" => Ok(Choice::Cpu),
+            // Undocumented self-check: the CPU reference on one thread,
+            // treated as a device and compared with the multi-threaded one.
+            "cpu1" => Ok(Choice::Cpu1),
             "cuda" => Ok(Choice::Cuda),
             "hip" => Ok(Choice::Hip),
             other => Err(CliError::Usage(format!(
@@ -205,6 +228,7 @@ impl Opts {
 enum Choice {
     Auto,
     Cpu,
+    Cpu1,
     Cuda,
     Hip,
 }
@@ -236,15 +260,16 @@ trait Timing<B: Backend> {
     ) -> Result<f64>;
 }
 
-/// Wall-clock timing, for the CPU.
-struct WallClock;
+/// Wall-clock timing, for the CPU; `WallClock(false)` treats the CPU backend
+/// as a device to be checked against the reference (`--backend cpu1`).
+struct WallClock(bool);
 
 impl Timing<CpuBackend> for WallClock {
     fn method(&self) -> &'static str {
         "wall clock (median of replays, each several launches)"
     }
     fn is_reference(&self) -> bool {
-        true
+        self.0
     }
     fn per_launch_us(
         &self,
@@ -317,14 +342,14 @@ mod cuda_wiring {
 
     /// One line per device, or why there is none.
     pub fn facts() -> std::result::Result<Vec<String>, String> {
-        let n = CudaBackend::device_count().map_err(|e| e.to_string())?;
+        let n = CudaBackend::device_count().map_err(|e| super::reason(&e))?;
         if n == 0 {
             return Err("the CUDA driver is present but finds no device".into());
         }
         Ok((0..n)
             .map(|d| match CudaBackend::new(d) {
                 Ok(b) => format!("{} — kernels loaded", b.name()),
-                Err(e) => format!("cuda:{d}: {e}"),
+                Err(e) => format!("cuda:{d}: {}", super::reason(&e)),
             })
             .collect())
     }
@@ -377,7 +402,7 @@ mod hip_wiring {
     pub fn facts() -> std::result::Result<Vec<String>, String> {
         dsv4_kvcache::backend::hip::probe()
             .map(|s| s.lines().map(str::to_string).collect())
-            .map_err(|e| e.to_string())
+            .map_err(|e| super::reason(&e))
     }
 
     /// GPU time from HIP-graph replay.
@@ -413,9 +438,10 @@ mod hip_wiring {
             Ok(out)
         }
         fn copy_rate(&self, b: &HipBackend, bytes: usize, replays: usize) -> Result<f64> {
-            // TODO(lead): wire — a device-to-device copy on the HIP backend;
-            // until then, the rate of rewriting one buffer from the host side
-            // is not a roofline, so measure a D2D-equivalent via write/read.
+            // TODO(lead): wire a device-to-device copy (hipMemcpyAsync D2D in
+            // a graph, as CudaBackend::time_copy) into HipBackend. Until then
+            // this is the host-to-device upload rate, far below the device's
+            // copy rate, so "% of copy" on HIP overstates the kernels.
             let src = vec![0u8; bytes];
             let mut dst = b.upload(&src)?;
             let mut times = Vec::new();
@@ -425,7 +451,7 @@ mod hip_wiring {
                 b.synchronize()?;
                 times.push(t.elapsed().as_secs_f64());
             }
-            Ok(2.0 * bytes as f64 / median_f64(&mut times).max(1e-12))
+            Ok(bytes as f64 / median_f64(&mut times).max(1e-12))
         }
         fn host_launch_us(
             &self,
@@ -508,6 +534,11 @@ fn with_backend<J: Job>(choice: Choice, job: J) -> Result<J::Out> {
     let mut notes = Vec::new();
     let job = match choice {
         Choice::Cpu => job,
+        Choice::Cpu1 => {
+            let mut b = CpuBackend::with_threads(1)?;
+            b.set_sanitize(SanitizePolicy::from_env()? == SanitizePolicy::On);
+            return job.run(&mut b, &WallClock(false), &notes);
+        }
         Choice::Cuda => match try_cuda(job, &notes) {
             Ok(r) => return r,
             Err((_, e)) => return Err(e),
@@ -536,17 +567,22 @@ fn with_backend<J: Job>(choice: Choice, job: J) -> Result<J::Out> {
             }
         }
     };
-    job.run(&mut cpu_backend()?, &WallClock, &notes)
+    job.run(&mut cpu_backend()?, &WallClock(true), &notes)
 }
 
 // ---- small helpers ----------------------------------------------------------------
 
-/// The first clause of a backend's reason, for one-line notes.
-fn short_reason(e: &Error) -> String {
-    let full = match e {
+/// Why a backend is unavailable (without the "X backend unavailable" prefix).
+fn reason(e: &Error) -> String {
+    match e {
         Error::Unavailable { reason, .. } => reason.clone(),
         other => other.to_string(),
-    };
+    }
+}
+
+/// The first clause of a backend's reason, for one-line notes.
+fn short_reason(e: &Error) -> String {
+    let full = reason(e);
     let cut = full.find([':', ';', '(']).unwrap_or(full.len());
     full[..cut].trim().to_string()
 }
@@ -883,6 +919,8 @@ struct DemoConfig {
 const RING_CAPACITY: usize = 4;
 /// Rows per cache block.
 const BLOCK: usize = 64;
+/// Timed insert calls per layout in the demo (after one warm-up call).
+const DEMO_TIMED_CALLS: usize = 5;
 /// The FP8 rows' per-tensor scale in the demo.
 const DEMO_FP8_SCALE: f32 = 0.02;
 
@@ -916,8 +954,10 @@ impl Scenario {
             let p = cfg.prefill;
             // Prompts of different lengths, about P ± 25 %.
             let len = (p * 3 / 4 + rng.below(p as u64 / 2 + 1) as usize).max(4);
-            let n = 2 + i % 2;
-            let sizes = loop {
+            // 2 or 3 chunks; 3 distinct sizes need at least 1 + 2 + 3 tokens.
+            let n = if len >= 6 { 2 + i % 2 } else { 2 };
+            let mut sizes = Vec::new();
+            for _ in 0..1000 {
                 // Cut points at random; sizes all different and non-zero.
                 let mut cuts: Vec<usize> = (0..n - 1)
                     .map(|_| 1 + rng.below(len as u64 - 1) as usize)
@@ -933,9 +973,15 @@ impl Scenario {
                 d.sort_unstable();
                 d.dedup();
                 if d.len() == s.len() && s.iter().all(|&x| x > 0) {
-                    break s;
+                    sizes = s;
+                    break;
                 }
-            };
+            }
+            if sizes.is_empty() {
+                // Unlucky draws: 1, 2, ..., and the rest (distinct since len >= 4).
+                sizes = (1..n).collect();
+                sizes.push(len - sizes.iter().sum::<usize>());
+            }
             prompt.push(len);
             chunks.push(sizes);
         }
@@ -1242,7 +1288,7 @@ fn time_insert<B: Backend>(
     once(&mut cache)?;
     b.synchronize()?;
     let mut times = Vec::new();
-    for _ in 0..7 {
+    for _ in 0..DEMO_TIMED_CALLS {
         let t = Instant::now();
         once(&mut cache)?;
         b.synchronize()?;
@@ -1401,8 +1447,9 @@ impl Job for DemoJob {
         }
         println!();
         println!(
-            "errors: decoded records vs the f32 rotated latent; throughput: {}, one call of all latents, after a warm-up",
-            timing.method()
+            "errors: decoded records vs the f32 rotated latent; throughput: wall clock of one rope_quant_insert \
+             call of all {} latents, waited for, median of {DEMO_TIMED_CALLS} after a warm-up",
+            run.latents.len()
         );
         println!("demo took {:.2} s", t_start.elapsed().as_secs_f64());
         if failures.is_empty() {

@@ -152,11 +152,13 @@ pub struct VTensor {
 impl VTensor {
     /// A tensor from raw bytes; checks that the size matches the shape.
     pub fn new(dtype: DType, shape: &[usize], data: Vec<u8>) -> Result<Self> {
-        let numel: usize = shape.iter().product();
-        if numel.checked_mul(dtype.size()) != Some(data.len()) {
+        let bytes = shape
+            .iter()
+            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d));
+        if bytes != Some(data.len()) {
             return Err(Error::Vectors(format!(
                 "tensor of dtype {dtype} and shape {shape:?} needs {} bytes, got {}",
-                numel.saturating_mul(dtype.size()),
+                bytes.map_or("more than usize::MAX".to_string(), |b| b.to_string()),
                 data.len()
             )));
         }
@@ -1093,6 +1095,9 @@ impl Locator {
         let (slot, field) = if layout.is_paged() {
             let (v, s) = (layout.value_bytes(), layout.scale_bytes());
             let page = bs * (v + s);
+            if page == 0 {
+                return (None, None, None);
+            }
             let (block, in_page) = (off / page, off % page);
             if in_page < bs * v {
                 let (row, k) = (in_page / v, in_page % v);

@@ -23,25 +23,21 @@ fn cpu(sanitize: bool) -> CpuBackend {
 fn base(kind: Kind) -> Case {
     for seed in 0..1000u64 {
         let c = random_case(seed, kind);
-        let rows_ok = |b: &Option<Buf>| b.as_ref().map_or(true, |b| b.desc.shape()[0] >= 2);
-        let ring_ok = c
-            .state_cache
-            .as_ref()
-            .map_or(true, |r| r.desc.shape()[0] >= 2 && r.desc.shape()[1] >= 2);
-        let reqs_ok = c
-            .query_start_loc
-            .as_ref()
-            .map_or(true, |q| q.desc.shape()[0] >= 3);
+        // Every leading dim (rows, blocks, ring capacity, requests + 1) >= 2 or 3.
+        let at_least = |b: &Option<Buf>, dim: usize, n: usize| match b {
+            None => true,
+            Some(b) => b.desc.shape()[dim] >= n,
+        };
         if c.n() >= 2
-            && rows_ok(&c.kv_score)
-            && rows_ok(&c.latent)
-            && rows_ok(&c.rows)
-            && rows_ok(&c.prev_rows)
-            && ring_ok
-            && reqs_ok
-            && c.kv_cache
-                .as_ref()
-                .map_or(true, |k| k.desc.shape()[0] >= 2 && k.desc.shape()[1] >= 2)
+            && at_least(&c.kv_score, 0, 2)
+            && at_least(&c.latent, 0, 2)
+            && at_least(&c.rows, 0, 2)
+            && at_least(&c.prev_rows, 0, 2)
+            && at_least(&c.state_cache, 0, 2)
+            && at_least(&c.state_cache, 1, 2)
+            && at_least(&c.query_start_loc, 0, 3)
+            && at_least(&c.kv_cache, 0, 2)
+            && at_least(&c.kv_cache, 1, 2)
         {
             let out = run_case(&cpu(c.kind.sanitize), &c);
             assert_eq!(out.result, Ok(()), "{}", c.name);
@@ -949,9 +945,10 @@ const DIMS: [usize; 16] = [
     0, 1, 2, 3, 4, 5, 16, 32, 63, 64, 288, 512, 528, 584, 600, 1024,
 ];
 
-/// Index values, extreme ones included. Left out, because they make the
-/// reference panic (reported): negative `query_start_loc` entries
-/// (`reference_props::spec_negative_query_start_loc_is_not_a_panic_`) and,
+/// Index values, extreme ones included (I32 tensors get them truncated).
+/// Left out, because they make the reference panic (reported): negative
+/// `query_start_loc` entries, also after truncation to I32
+/// (`reference_props::spec_negative_query_start_loc_is_not_a_panic_`), and,
 /// in debug builds, a position of `i64::MAX`
 /// (`spec_position_i64_max_is_not_a_panic_`).
 fn index_value(rng: &mut Prng, f: Field) -> i64 {
@@ -975,7 +972,7 @@ fn index_value(rng: &mut Prng, f: Field) -> i64 {
         1 << 40,
     ]);
     match f {
-        Field::Qsl => v.max(0),
+        Field::Qsl => v.clamp(0, i32::MAX as i64),
         Field::Positions if cfg!(debug_assertions) && v == i64::MAX => v - 1,
         _ => v,
     }
@@ -1139,7 +1136,7 @@ fn check_no_panic_no_stray_write(c: &Case) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1500, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 5000, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Arbitrary dtypes, shapes, strides, offsets, buffer sizes, optional
     /// arguments, `eps`, `compress_ratio` and index values (extremes
@@ -1193,4 +1190,23 @@ fn spec_position_i64_max_is_not_a_panic_() {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(&cpu(false), &c)));
         assert!(out.is_ok(), "{:?}: the launch panicked", op);
     }
+}
+
+/// `src/ops.rs` caps a call at `MAX_TOKENS` (2^24) tokens and requests:
+/// more requests than that is an error naming `query_start_loc`.
+#[test]
+fn too_many_requests_is_an_error() {
+    let mut c = compress_base(2, false, false);
+    let n = dsv4_kvcache::ops::MAX_TOKENS + 2;
+    let q = c.query_start_loc.as_mut().expect("qsl");
+    *q = Buf::new(
+        TensorDesc::contiguous(DType::I32, &[n]),
+        0,
+        &vec![0u8; 4 * n],
+    );
+    expect_err(
+        &c,
+        "query_start_loc with 2^24 + 1 requests",
+        "query_start_loc",
+    );
 }

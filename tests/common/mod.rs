@@ -11,7 +11,7 @@
 //!   alternating by byte index); a view's elements are then written into it.
 //!   So any byte outside a view, in padding or past a row, is a canary byte.
 //! - Caches (`kv_cache`) and `latent_out` are canary-filled everywhere; the
-//!   ring (`state_cache`) holds random finite rows (it is an input too).
+//!   ring (`state_cache`) holds random rows (it is an input too).
 //! - A case is a single launch ([`Op`]); sequences (chunked prefill, the
 //!   `prev_rows` path followed by `save_ring_rows`) are built by the tests
 //!   from several cases, threading the outputs through.
@@ -227,10 +227,9 @@ pub fn footprint(desc: &TensorDesc, len: usize) -> Vec<bool> {
     let mut m = vec![false; len];
     let esz = desc.dtype.size();
     for o in element_offsets(desc) {
-        for b in o..o + esz {
-            if b < len {
-                m[b] = true;
-            }
+        let end = (o + esz).min(len);
+        if o < end {
+            m[o..end].fill(true);
         }
     }
     m
@@ -1150,9 +1149,10 @@ pub fn ring_case(
 
 // ---- random data ---------------------------------------------------------------------
 
-/// Fills `[kv 512 | score 512]`-style rows (or plain 512-rows) with values:
-/// kv ~ `±[2^-4, 2^5)`, scores in about `[-24, 24]`; with `special`, some
-/// elements are special values and some rows are zero.
+/// Fills rows of 512 values (each half of a `[kv 512 | score 512]` row on
+/// its own): a row is either `±[2^-4, 2^5)` or `±[2^-8, 2^5)` throughout;
+/// with `special`, about 2% of the values are [`SPECIAL_F32`] and about 5%
+/// of the rows are zero.
 pub fn fill_kv_rows(rng: &mut Prng, v: &mut [f32], special: bool) {
     for row in v.chunks_mut(512) {
         let zero_row = special && rng.chance(0.05);
@@ -1543,6 +1543,13 @@ pub fn adversarial_latents() -> Vec<(&'static str, Vec<u16>)> {
     nan[449] = 0x7fc0;
     nan[500] = 0xffc0;
     out.push(("nans", nan));
+    // Whole NaN tiles/blocks: the NVFP4 scale of an all-NaN tile is the
+    // 2^-9 floor; an all-NaN FP8 block gets the scale of the amax floor.
+    let mut nan_tiles = vec![bf16_of(-3.0); 512];
+    nan_tiles[..32].fill(0x7fc0);
+    nan_tiles[64..128].fill(0xffc0);
+    nan_tiles[448..480].fill(0x7fc0);
+    out.push(("all-NaN tiles", nan_tiles));
     // Infinities among ordinary values (a block with ±inf gets the top scale).
     let mut inf = vec![bf16_of(2.0); 512];
     for (i, x) in inf.iter_mut().enumerate() {
