@@ -484,7 +484,8 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
     int64_t start = kv_load_index(c.qsl, q64, r);
     int64_t end = kv_load_index(c.qsl, q64, r + 1);
-    if (!(start <= t && t < end)) {
+    // start < 0: a malformed chunk; t - 1 below would read before kv_score.
+    if (start < 0 || !(start <= t && t < end)) {
         kv_count(c.counters, KV_COUNT_INDEX, lane);
         return;
     }

@@ -392,6 +392,24 @@ fn ring<S: Storage + ?Sized>(arg: &'static str, t: &TensorMut<'_, S>) -> Result<
             ),
         ));
     }
+    // Rows and blocks must not overlap: devices write them concurrently.
+    let row_stride = if cap > 1 { d.strides()[1] } else { 1024 };
+    if row_stride < 1024 {
+        return Err(shape_err(
+            arg,
+            format!("row stride {row_stride} overlaps rows of 1024"),
+        ));
+    }
+    let block_span = (cap - 1) * row_stride + 1024;
+    if blocks > 1 && d.strides()[0] < block_span {
+        return Err(shape_err(
+            arg,
+            format!(
+                "block stride {} overlaps blocks spanning {block_span} elements",
+                d.strides()[0]
+            ),
+        ));
+    }
     aligned(arg, d, 16)?;
     extent(arg, &*t.buf, d)?;
     Ok(RingPlan {
@@ -627,6 +645,12 @@ fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
         } else {
             block_size * row_stride
         };
+        if blocks > 1 && block_stride < block_size.saturating_sub(1) * row_stride + DIM * esz {
+            return Err(shape_err(
+                arg,
+                format!("block stride {block_stride} B overlaps blocks of {block_size} rows of {row_stride} B"),
+            ));
+        }
         if block_size > 1 && row_stride < DIM * esz {
             return Err(shape_err(
                 arg,

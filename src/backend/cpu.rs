@@ -185,7 +185,8 @@ fn cr2_latent(c: &CompressIn<'_>, t: usize) -> Latent {
     if pos < 0 {
         return skip(0, 1, 0);
     }
-    if (pos + 1) % 2 != 0 {
+    // Written without `pos + 1`, which overflows at i64::MAX.
+    if pos % 2 != 1 {
         return Latent::None;
     }
     let (qsl, ttr) = (
@@ -199,7 +200,9 @@ fn cr2_latent(c: &CompressIn<'_>, t: usize) -> Latent {
     let start = qsl.at(r as usize);
     let end = qsl.at(r as usize + 1);
     let t64 = t as i64;
-    if !(start <= t64 && t64 < end) {
+    // A chunk that starts before token 0 is malformed: its tokens are skipped
+    // (reading `kv_score[t - 1]` at t = 0 would be out of bounds).
+    if start < 0 || !(start <= t64 && t64 < end) {
         return skip(0, 0, 1);
     }
     let mut newer = [0.0f32; 1024];
@@ -397,7 +400,7 @@ fn insert_one(c: &InsertIn<'_>, latent: Option<&[u16; DIM]>, t: usize) -> Insert
         return skip(0, 1);
     }
     let cr = p.compress_ratio as i64;
-    if (pos + 1) % cr != 0 {
+    if pos % cr != cr - 1 {
         return Insert::None;
     }
     let base = (pos / cr) * cr;

@@ -390,10 +390,12 @@ fn device_arch(api: &Api, device: c_int) -> Result<AmdArch> {
             ffi::GCN_ARCH_NAME_OFFSET_R0600,
         ),
         (None, Some(f)) => (f, "hipGetDeviceProperties", ffi::GCN_ARCH_NAME_OFFSET_R0000),
-        (None, None) => return Err(unavailable(format!(
+        (None, None) => {
+            return Err(unavailable(format!(
             "the HIP runtime {} has neither hipGetDevicePropertiesR0600 nor hipGetDeviceProperties",
             api.path
-        ))),
+        )))
+        }
     };
     // u64 elements: 8-byte alignment, as the C struct has.
     let mut props = vec![0u64; ffi::DEVICE_PROP_BYTES / 8];
