@@ -40,3 +40,18 @@ KV_DEVICE float kv_divf(float a, float b) { return __fdiv_rn(a, b); }
 
 KV_DEVICE uint32_t kv_f2u(float f) { return __float_as_uint(f); }
 KV_DEVICE float kv_u2f(uint32_t u) { return __uint_as_float(u); }
+
+// Optional hardware conversions. kv_formats.h uses one only where it gives
+// the same bits as its software twin on every input the kernels pass it.
+//
+// e4m3 pair, round to nearest even, saturating (sm_89+): identical to
+// kv_e4m3_from_f32 on every non-NaN input (the kernels clamp first, so no NaN
+// reaches it). Result: lo in bits 0..7, hi in bits 8..15.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define KV_HW_E4M3X2 1
+KV_DEVICE uint16_t kv_hw_e4m3x2(float lo, float hi) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#endif

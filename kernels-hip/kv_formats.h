@@ -45,6 +45,23 @@ KV_DEVICE uint8_t kv_e4m3_from_f32(float x) {
     return (uint8_t)(sign | (uint8_t)((((uint32_t)exp) << 3) + keep + up));
 }
 
+// e4m3 codes of 16 non-NaN values. A prelude may supply a hardware pair
+// conversion (KV_HW_E4M3X2) that rounds and saturates exactly like
+// kv_e4m3_from_f32 on non-NaN inputs; the parity tests hold it to that.
+KV_DEVICE void kv_e4m3_from_f32_x16(const float v[16], uint8_t out[16]) {
+#if defined(KV_HW_E4M3X2)
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) {
+        uint16_t two = kv_hw_e4m3x2(v[j], v[j + 1]);
+        out[j] = (uint8_t)(two & 0xffu);
+        out[j + 1] = (uint8_t)(two >> 8);
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < 16; ++j) out[j] = kv_e4m3_from_f32(v[j]);
+#endif
+}
+
 // e4m3fn -> f32 for the finite, positive codes the kernels decode (NVFP4 tile
 // scales): exact.
 KV_DEVICE float kv_e4m3_to_f32(uint8_t c) {

@@ -292,8 +292,10 @@ KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, b
     int e = 0;
     bool finite = kv_block_scale_exponent(amax * KV_INV_448, &e);
     float mult = kv_block_scale_multiplier(finite, e);
+    float c[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) out[j] = kv_e4m3_from_f32(kv_clamp_e4m3(q[j] * mult));
+    for (int j = 0; j < 16; ++j) c[j] = kv_clamp_e4m3(q[j] * mult);
+    kv_e4m3_from_f32_x16(c, out);
     return kv_ue8m0_scale_byte(finite, e, sanitize);
 }
 
@@ -317,13 +319,11 @@ KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint8_t out[8]) {
 
 KV_DEVICE float kv_sanitized(float v, bool sanitize) { return (sanitize && kv_isnan(v)) ? 0.0f : v; }
 
-// The insert rule's checks for token t (counting skips); on success sets the
-// cache slot and the cos/sin row.
-KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t t, unsigned lane, int64_t* slot_out,
+// The insert rule's checks for token t, given its slot and position
+// (counting skips); on success sets the cos/sin row.
+KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t pos, unsigned lane,
                                int64_t* base_out) {
-    int64_t slot = kv_load_index(p.slots, (p.flags & KV_F_SLOT_I64) != 0u, t);
     if (slot < 0) return false;
-    int64_t pos = kv_load_index(p.positions, (p.flags & KV_F_POS_I64) != 0u, t);
     if (pos < 0) {
         kv_count(p.counters, KV_COUNT_POS, lane);
         return false;
@@ -340,7 +340,6 @@ KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t t, unsigned lane
         kv_count(p.counters, KV_COUNT_SLOT, lane);
         return false;
     }
-    *slot_out = slot;
     *base_out = base;
     return true;
 }
@@ -404,26 +403,24 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
     } else {
         float inv = kv_divf(1.0f, *p.fp8_scale);
         uint8_t q[16];
+        float c[16];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            float v = kv_bf16_to_f32(kv_bf16_from_f32(r[j])) * inv;
-            q[j] = kv_e4m3_from_f32(kv_clamp_e4m3(v));
-        }
+        for (int j = 0; j < 16; ++j) c[j] = kv_clamp_e4m3(kv_bf16_to_f32(kv_bf16_from_f32(r[j])) * inv);
+        kv_e4m3_from_f32_x16(c, q);
         kv_store16b(page + row * p.row_stride + 16 * lane, q);
     }
 }
 
 template <int LAYOUT>
-KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned lane, const uint16_t* latent16) {
-    int64_t slot, base;
-    if (!kv_insert_check(p, t, lane, &slot, &base)) return;
+KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned lane) {
+    // The latent row is loaded with the indices (t < n, so it exists): a
+    // skipped token costs 1 KB of reads, a written one a round trip less.
     uint16_t h[16];
-    if (latent16) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) h[j] = latent16[j];
-    } else {
-        kv_load16h(p.latent + t * p.latent_row_stride + 16 * lane, h);
-    }
+    kv_load16h(p.latent + t * p.latent_row_stride + 16 * lane, h);
+    int64_t slot = kv_load_index(p.slots, (p.flags & KV_F_SLOT_I64) != 0u, t);
+    int64_t pos = kv_load_index(p.positions, (p.flags & KV_F_POS_I64) != 0u, t);
+    int64_t base;
+    if (!kv_insert_check(p, slot, pos, lane, &base)) return;
     kv_write_record<LAYOUT>(p, slot, base, lane, h);
 }
 
@@ -436,23 +433,60 @@ KV_DEVICE void kv_emit_latent(const KvCompressParams& c, const KvInsertParams* i
                               const uint16_t out[16]) {
     if (!FUSED || (c.flags & KV_F_WRITE_LATENT)) kv_store16h(c.latent + t * 512 + 16 * lane, out);
     if (FUSED) {
-        int64_t slot, base;
-        if (kv_insert_check(*ins, t, lane, &slot, &base)) kv_write_record<LAYOUT>(*ins, slot, base, lane, out);
+        // Loaded one after the other: the fused CR2 kernels sit at AMD's
+        // scalar-register limit, and the latent took longer than these loads.
+        int64_t slot = kv_load_index(ins->slots, (ins->flags & KV_F_SLOT_I64) != 0u, t);
+        if (slot < 0) return;
+        int64_t pos = kv_load_index(ins->positions, (ins->flags & KV_F_POS_I64) != 0u, t);
+        int64_t base;
+        if (kv_insert_check(*ins, slot, pos, lane, &base)) kv_write_record<LAYOUT>(*ins, slot, base, lane, out);
     }
 }
 
 template <bool FUSED, int LAYOUT>
 KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t) {
     unsigned lane = kv_lane();
-    if (kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t) < 0) return;
     float v[16];
-    kv_load16f(c.kv_score + t * c.kv_row_stride + 16 * lane, v);
+    kv_load16f(c.kv_score + t * c.kv_row_stride + 16 * lane, v);  // with the slot: one round trip
+    if (kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t) < 0) return;
     uint16_t out[16];
     kv_rms_norm16(v, c.weight, c.eps, lane, out);
     kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out);
 }
 
 // Pools (older, newer) [kv | score] rows for the lane's 16 dims and norms.
+// exp(d) when it needs no arithmetic (d = 0, NaN or infinite): sets *w to
+// exactly what kv_exp returns and gives true.
+KV_DEVICE bool kv_exp_trivial(float d, float* w) {
+    uint32_t a = kv_f2u(d) & 0x7fffffffu;
+    if (a == 0u) {
+        *w = 1.0f;
+        return true;
+    }
+    if (a >= 0x7f800000u) {
+        *w = kv_exp(d);  // NaN, 0 or inf: the early exits of kv_exp
+        return true;
+    }
+    return false;
+}
+
+// kv_pool2 with one kv_exp per dim instead of two: m is one of the scores
+// unless it is NaN or infinite, so at most one of s0 - m, s1 - m is finite
+// and non-zero; the other weight is trivial. Same bits as kv_pool2.
+KV_DEVICE float kv_pool2_one_exp(float kv0, float s0, float kv1, float s1) {
+    float m = kv_max_nan_ignoring(s0, s1);
+    float d0 = s0 - m;
+    float d1 = s1 - m;
+    float w0, w1;
+    bool t0 = kv_exp_trivial(d0, &w0);
+    bool t1 = kv_exp_trivial(d1, &w1);
+    float e = kv_exp(t0 ? d1 : d0);
+    if (!t0) w0 = e;
+    if (!t1) w1 = e;
+    return kv_divf(kv0 * w0 + kv1 * w1, w0 + w1);
+}
+
+template <bool ONE_EXP>
 KV_DEVICE void kv_pool_norm(const KvCompressParams& c, const float* older, const float* newer, unsigned lane,
                             uint16_t out[16]) {
     float kv0[16], s0[16], kv1[16], s1[16], v[16];
@@ -461,7 +495,8 @@ KV_DEVICE void kv_pool_norm(const KvCompressParams& c, const float* older, const
     kv_load16f(newer + 16 * lane, kv1);
     kv_load16f(newer + 512 + 16 * lane, s1);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) v[j] = kv_pool2(kv0[j], s0[j], kv1[j], s1[j]);
+    for (int j = 0; j < 16; ++j)
+        v[j] = ONE_EXP ? kv_pool2_one_exp(kv0[j], s0[j], kv1[j], s1[j]) : kv_pool2(kv0[j], s0[j], kv1[j], s1[j]);
     kv_rms_norm16(v, c.weight, c.eps, lane, out);
 }
 
@@ -469,8 +504,10 @@ KV_DEVICE void kv_pool_norm(const KvCompressParams& c, const float* older, const
 template <bool FUSED, int LAYOUT>
 KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t) {
     unsigned lane = kv_lane();
-    if (kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t) < 0) return;
+    // Slot and position in one round trip.
+    int64_t slot = kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t);
     int64_t pos = kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t);
+    if (slot < 0) return;
     if (pos < 0) {
         kv_count(c.counters, KV_COUNT_POS, lane);
         return;
@@ -491,7 +528,7 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     }
     if (t == start) return;  // the request item owns a chunk's first token
     uint16_t out[16];
-    kv_pool_norm(c, c.kv_score + (t - 1) * c.kv_row_stride, c.kv_score + t * c.kv_row_stride, lane, out);
+    kv_pool_norm<!FUSED>(c, c.kv_score + (t - 1) * c.kv_row_stride, c.kv_score + t * c.kv_row_stride, lane, out);
     kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out);
 }
 
@@ -536,7 +573,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         }
         if (!counted) {
             uint16_t out[16];
-            kv_pool_norm(c, older, c.kv_score + start * c.kv_row_stride, lane, out);
+            kv_pool_norm<!FUSED>(c, older, c.kv_score + start * c.kv_row_stride, lane, out);
             kv_emit_latent<FUSED, LAYOUT>(c, ins, start, lane, out);
         }
     }
@@ -609,7 +646,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRing
 #define KV_INSERT_KERNEL(name, LAYOUT)                                              \
     KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
         int64_t t = kv_group();                                                     \
-        if (t < p.n) kv_insert_token<LAYOUT>(p, t, kv_lane(), 0);                   \
+        if (t < p.n) kv_insert_token<LAYOUT>(p, t, kv_lane());                      \
     }
 
 KV_INSERT_KERNEL(kv_insert_v4, KV_LAYOUT_V4)

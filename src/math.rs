@@ -231,6 +231,34 @@ pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
     (kv0 * w0 + kv1 * w1) / (w0 + w1)
 }
 
+/// `exp(d)` when it needs no arithmetic (`d` zero, NaN or infinite): the
+/// value [`exp`] returns for it.
+#[inline]
+fn exp_trivial(d: f32) -> Option<f32> {
+    if d == 0.0 {
+        Some(1.0)
+    } else if !d.is_finite() {
+        Some(exp(d))
+    } else {
+        None
+    }
+}
+
+/// [`pool2`] with one [`exp`] per dim, as the kernels compute it: `m` is one
+/// of the scores unless it is NaN or infinite, so at most one of `s0 - m`,
+/// `s1 - m` is finite and non-zero, and the other weight is trivial. Gives
+/// the same bits as [`pool2`] for every input (tested).
+#[inline]
+pub fn pool2_one_exp(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
+    let m = max_nan_ignoring(s0, s1);
+    let (d0, d1) = (s0 - m, s1 - m);
+    let (t0, t1) = (exp_trivial(d0), exp_trivial(d1));
+    let e = exp(if t0.is_some() { d1 } else { d0 });
+    let w0 = t0.unwrap_or(e);
+    let w1 = t1.unwrap_or(e);
+    (kv0 * w0 + kv1 * w1) / (w0 + w1)
+}
+
 /// GPT-J rotation of one pair: `(fma(e, c, -f32(o s)), fma(o, c, f32(e s)))`.
 /// The NoPE pairs run it too with `c = 1, s = 0`.
 #[inline]
@@ -307,6 +335,46 @@ mod tests {
         assert_eq!(exp(0.0), 1.0);
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
         assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn one_exp_pooling_is_bit_identical() {
+        let specials = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            3.5,
+            -87.0,
+            -104.0,
+            1e30,
+            -1e30,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+        ];
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for &s0 in &specials {
+            for &s1 in &specials {
+                for (kv0, kv1) in [(1.0f32, 2.0f32), (-0.5, 0.25), (f32::INFINITY, 1.0)] {
+                    let (a, b) = (pool2(kv0, s0, kv1, s1), pool2_one_exp(kv0, s0, kv1, s1));
+                    assert!(same(a, b), "s0={s0} s1={s1}: {a} vs {b}");
+                }
+            }
+        }
+        let mut x = 0x1234_5678u32;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let s0 = ((x >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 60.0;
+            let s1 = ((x & 0xffff) as f32 / 65536.0 - 0.5) * 60.0;
+            let (a, b) = (pool2(1.5, s0, -0.75, s1), pool2_one_exp(1.5, s0, -0.75, s1));
+            assert!(same(a, b), "s0={s0} s1={s1}");
+        }
     }
 
     #[test]
