@@ -110,6 +110,16 @@ KV_DEVICE float kv_pool2(float kv0, float s0, float kv1, float s1) {
     return kv_divf(kv0 * w0 + kv1 * w1, w0 + w1);
 }
 
+// r / s for an NVFP4 tile given y = kv_divf(1, s): Markstein's correction
+// of r * y (see math::div_by_scale).
+KV_DEVICE float kv_div_by_scale(float r, float s, float y) {
+    float q0 = r * y;
+    if ((kv_f2u(q0) & 0x7fffffffu) >= 0x7f800000u) return q0;
+    float res = kv_fmaf(-q0, s, r);
+    if (res == 0.0f) return q0;
+    return kv_fmaf(res, y, q0);
+}
+
 // GPT-J rotation of one pair.
 KV_DEVICE void kv_rope_pair(float e, float o, float c, float s, float* re, float* ro) {
     *re = kv_fmaf(e, c, -(o * s));

@@ -259,6 +259,26 @@ pub fn pool2_one_exp(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
     (kv0 * w0 + kv1 * w1) / (w0 + w1)
 }
 
+/// `r / s` for an NVFP4 tile, as the kernels compute it: one reciprocal per
+/// tile, `y = f32(1 / s)`, then per element `q0 = f32(r y)`, the exact
+/// residual `fma(-q0, s, r)` and Markstein's correction `fma(res, y, q0)`.
+/// Equal to the correctly rounded `r / s` for every normal quotient, and
+/// giving the same e2m1 code for every quotient (tested for every tile scale
+/// and every `r` whose quotient lies near the e2m1 grid); the division it
+/// replaces is a long subroutine on NVIDIA.
+#[inline]
+pub fn div_by_scale(r: f32, s: f32, y: f32) -> f32 {
+    let q0 = r * y;
+    if !q0.is_finite() {
+        return q0;
+    }
+    let res = (-q0).mul_add(s, r);
+    if res == 0.0 {
+        return q0;
+    }
+    res.mul_add(y, q0)
+}
+
 /// GPT-J rotation of one pair: `(fma(e, c, -f32(o s)), fma(o, c, f32(e s)))`.
 /// The NoPE pairs run it too with `c = 1, s = 0`.
 #[inline]

@@ -556,3 +556,66 @@ fn block_scale_exponent_every_exponent() {
         Some(2)
     );
 }
+
+/// The kernels divide NVFP4 tiles by their scale with one reciprocal and
+/// Markstein's correction (`math::div_by_scale`). For every e4m3 tile scale
+/// and every positive `r` whose quotient lies in [2^-3, 2^4) (the e2m1
+/// grid's neighbourhood, where a quotient's last bit can move a code), the
+/// result must be the correctly rounded `r / s`; for every `r` at all
+/// (random over every exponent, NaN and infinities too) it must give the
+/// same e2m1 code.
+#[test]
+fn nvfp4_division_by_reciprocal_is_exact() {
+    use dsv4_kvcache::formats::{e2m1_from_f32, e4m3_to_f32};
+    use dsv4_kvcache::math::div_by_scale;
+    use rayon::prelude::*;
+    // Mantissa classes of the e4m3 scales: s = P * 2^k, P = 1 + m/8. The
+    // division commutes with the 2^k (no under/overflow in this range), so
+    // the eight P cover every scale; each is checked at 2^0.
+    let bad: u64 = (0u32..8)
+        .into_par_iter()
+        .map(|m| {
+            let s = 1.0 + m as f32 / 8.0;
+            let y = 1.0 / s;
+            let mut bad = 0u64;
+            // r in [s 2^-3, s 2^4): biased exponents 124 ..= 131 (r < 32).
+            for bits in (124u32 << 23)..(132u32 << 23) {
+                let r = f32::from_bits(bits);
+                if div_by_scale(r, s, y).to_bits() != (r / s).to_bits() {
+                    bad += 1;
+                }
+            }
+            bad
+        })
+        .sum();
+    assert_eq!(bad, 0, "reciprocal division differs from r / s");
+    // Every actual scale code, random r of every exponent and the specials.
+    let mut x = 0x9e37_79b9u32;
+    for code in 1u8..=126 {
+        let s = e4m3_to_f32(code);
+        let y = 1.0 / s;
+        let mut rs: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+        ];
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            rs.push(f32::from_bits(x));
+        }
+        for r in rs {
+            assert_eq!(
+                e2m1_from_f32(div_by_scale(r, s, y)),
+                e2m1_from_f32(r / s),
+                "scale code {code:#04x}, r = {r:e} ({:#010x})",
+                r.to_bits()
+            );
+        }
+    }
+}
