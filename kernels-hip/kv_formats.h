@@ -81,15 +81,10 @@ KV_DEVICE uint8_t kv_e2m1_from_f32(float q) {
     if (a > 0x7f800000u) return 0;
     uint8_t sign = (uint8_t)((b >> 28) & 8u);
     float m = kv_u2f(a);
-    uint8_t code;
-    if (m <= 0.25f) code = 0;
-    else if (m < 0.75f) code = 1;
-    else if (m <= 1.25f) code = 2;
-    else if (m < 1.75f) code = 3;
-    else if (m <= 2.5f) code = 4;
-    else if (m < 3.5f) code = 5;
-    else if (m <= 5.0f) code = 6;
-    else code = 7;
+    // Counts the grid midpoints below m; > or >= is the tie rule. Branch-free:
+    // a data-dependent if-chain diverges across lanes.
+    uint8_t code = (uint8_t)((m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +
+                             (m >= 3.5f) + (m > 5.0f));
     return (uint8_t)(sign | code);
 }
 

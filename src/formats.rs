@@ -116,24 +116,15 @@ pub fn e2m1_from_f32(q: f32) -> u8 {
     }
     let sign = ((b >> 28) & 8) as u8;
     let m = f32::from_bits(a);
-    // Each comparison's `<=` or `<` is the tie rule: the tie goes to the even code.
-    let code = if m <= 0.25 {
-        0
-    } else if m < 0.75 {
-        1
-    } else if m <= 1.25 {
-        2
-    } else if m < 1.75 {
-        3
-    } else if m <= 2.5 {
-        4
-    } else if m < 3.5 {
-        5
-    } else if m <= 5.0 {
-        6
-    } else {
-        7
-    };
+    // The code counts the grid midpoints below m; `>` or `>=` is the tie
+    // rule (a tie goes to the even code). Branch-free, like the kernels.
+    let code = (m > 0.25) as u8
+        + (m >= 0.75) as u8
+        + (m > 1.25) as u8
+        + (m >= 1.75) as u8
+        + (m > 2.5) as u8
+        + (m >= 3.5) as u8
+        + (m > 5.0) as u8;
     sign | code
 }
 
