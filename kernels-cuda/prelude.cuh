@@ -38,6 +38,8 @@ KV_DEVICE float kv_fmaf(float a, float b, float c) { return __fmaf_rn(a, b, c); 
 KV_DEVICE float kv_sqrtf(float x) { return __fsqrt_rn(x); }
 KV_DEVICE float kv_divf(float a, float b) { return __fdiv_rn(a, b); }
 
+KV_DEVICE float kv_fabsf(float x) { return fabsf(x); }  // clears the sign bit, exact
+
 KV_DEVICE uint32_t kv_f2u(float f) { return __float_as_uint(f); }
 KV_DEVICE float kv_u2f(uint32_t u) { return __uint_as_float(u); }
 

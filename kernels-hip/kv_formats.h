@@ -76,11 +76,9 @@ KV_DEVICE float kv_e4m3_to_f32(uint8_t c) {
 // FP4 e2m1 code: magnitudes 0,.5,1,1.5,2,3,4,6 -> 0..7, ties to the even
 // code, saturating; bit 3 = sign of q; NaN -> 0.
 KV_DEVICE uint8_t kv_e2m1_from_f32(float q) {
-    uint32_t b = kv_f2u(q);
-    uint32_t a = b & 0x7fffffffu;
-    if (a > 0x7f800000u) return 0;
-    uint8_t sign = (uint8_t)((b >> 28) & 8u);
-    float m = kv_u2f(a);
+    if (q != q) return 0;
+    uint8_t sign = (uint8_t)((kv_f2u(q) >> 28) & 8u);
+    float m = kv_fabsf(q);
     // Counts the grid midpoints below m; > or >= is the tie rule. Branch-free:
     // a data-dependent if-chain diverges across lanes.
     uint8_t code = (uint8_t)((m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +

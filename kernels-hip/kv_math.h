@@ -12,8 +12,11 @@
 #define KV_LN2_LO kv_u2f(0x35bfbe8eu)
 #define KV_ROUND_MAGIC 12582912.0f
 
+// NaN test on the bits (as a float self-compare it costs the fused AMD kernels
+// scalar registers they do not have); the sign-bit clear is a free operand
+// modifier on both vendors.
 KV_DEVICE bool kv_isnan(float x) { return (kv_f2u(x) & 0x7fffffffu) > 0x7f800000u; }
-KV_DEVICE float kv_fabs(float x) { return kv_u2f(kv_f2u(x) & 0x7fffffffu); }
+KV_DEVICE float kv_fabs(float x) { return kv_fabsf(x); }
 KV_DEVICE float kv_copysign(float m, float s) {
     return kv_u2f((kv_f2u(m) & 0x7fffffffu) | (kv_f2u(s) & 0x80000000u));
 }
@@ -42,16 +45,10 @@ KV_DEVICE float kv_exp(float x) {
 }
 
 // max/min ignoring a NaN operand (NVIDIA max.f32/min.f32).
-KV_DEVICE float kv_max_nan_ignoring(float a, float b) {
-    if (kv_isnan(a)) return b;
-    if (kv_isnan(b) || a >= b) return a;
-    return b;
-}
-KV_DEVICE float kv_min_nan_ignoring(float a, float b) {
-    if (kv_isnan(a)) return b;
-    if (kv_isnan(b) || a <= b) return a;
-    return b;
-}
+// Written as one select each: b when b beats a or a is NaN, else a (the same
+// result as math::max_nan_ignoring case by case, ties included).
+KV_DEVICE float kv_max_nan_ignoring(float a, float b) { return (b > a || a != a) ? b : a; }
+KV_DEVICE float kv_min_nan_ignoring(float a, float b) { return (b < a || a != a) ? b : a; }
 
 // copysign(min(|v|, 448), v); NaN -> +448.
 KV_DEVICE float kv_clamp_e4m3(float v) {
@@ -114,7 +111,7 @@ KV_DEVICE float kv_pool2(float kv0, float s0, float kv1, float s1) {
 // of r * y (see math::div_by_scale).
 KV_DEVICE float kv_div_by_scale(float r, float s, float y) {
     float q0 = r * y;
-    if ((kv_f2u(q0) & 0x7fffffffu) >= 0x7f800000u) return q0;
+    if (!(kv_fabs(q0) <= kv_u2f(0x7f7fffffu))) return q0;  // infinite or NaN
     float res = kv_fmaf(-q0, s, r);
     if (res == 0.0f) return q0;
     return kv_fmaf(res, y, q0);

@@ -19,6 +19,9 @@
 #include "kv_math.h"
 
 // ---- parameter blocks: mirror src/kernel_abi.rs field for field ----------
+// Counts and strides are 32-bit (src/ops.rs checks they fit): on AMD every
+// 64-bit kernel argument costs two scalar registers, and the fused kernels
+// carry both blocks.
 
 struct KvCompressParams {
     const float* kv_score;
@@ -32,17 +35,18 @@ struct KvCompressParams {
     const float* prev_rows;
     const void* prev_idx;
     unsigned* counters;
-    int64_t kv_row_stride;
-    int64_t ring_block_stride;
-    int64_t ring_row_stride;
-    int64_t ring_blocks;
-    int64_t ring_capacity;
-    int64_t prev_row_stride;
-    int64_t prev_rows_n;
-    int64_t n;
-    int64_t num_reqs;
+    int32_t kv_row_stride;
+    int32_t ring_block_stride;
+    int32_t ring_row_stride;
+    int32_t ring_blocks;
+    int32_t ring_capacity;
+    int32_t prev_row_stride;
+    int32_t prev_rows_n;
+    int32_t n;
+    int32_t num_reqs;
     float eps;
     uint32_t flags;
+    uint32_t pad;
 };
 
 struct KvInsertParams {
@@ -53,14 +57,14 @@ struct KvInsertParams {
     uint8_t* cache;
     const float* fp8_scale;
     unsigned* counters;
-    int64_t latent_row_stride;
-    int64_t cos_row_stride;
-    int64_t cos_rows;
-    int64_t block_stride;
-    int64_t row_stride;
-    int64_t num_blocks;
-    int64_t block_size;
-    int64_t n;
+    int32_t latent_row_stride;
+    int32_t cos_row_stride;
+    int32_t cos_rows;
+    int32_t block_stride;
+    int32_t row_stride;
+    int32_t num_blocks;
+    int32_t block_size;
+    int32_t n;
     uint32_t compress_ratio;
     uint32_t flags;
 };
@@ -70,12 +74,12 @@ struct KvRingRowsParams {
     const void* slots;
     float* ring;
     unsigned* counters;
-    int64_t row_stride;
-    int64_t ring_block_stride;
-    int64_t ring_row_stride;
-    int64_t ring_blocks;
-    int64_t ring_capacity;
-    int64_t n;
+    int32_t row_stride;
+    int32_t ring_block_stride;
+    int32_t ring_row_stride;
+    int32_t ring_blocks;
+    int32_t ring_capacity;
+    int32_t n;
     uint32_t flags;
     uint32_t pad;
 };
@@ -337,7 +341,7 @@ KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t po
         kv_count(p.counters, KV_COUNT_POS, lane);
         return false;
     }
-    if (slot >= p.num_blocks * p.block_size) {
+    if (slot >= (int64_t)p.num_blocks * p.block_size) {
         kv_count(p.counters, KV_COUNT_SLOT, lane);
         return false;
     }
@@ -459,12 +463,11 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
 // exp(d) when it needs no arithmetic (d = 0, NaN or infinite): sets *w to
 // exactly what kv_exp returns and gives true.
 KV_DEVICE bool kv_exp_trivial(float d, float* w) {
-    uint32_t a = kv_f2u(d) & 0x7fffffffu;
-    if (a == 0u) {
+    if (d == 0.0f) {
         *w = 1.0f;
         return true;
     }
-    if (a >= 0x7f800000u) {
+    if (!(kv_fabs(d) <= kv_u2f(0x7f7fffffu))) {
         *w = kv_exp(d);  // NaN, 0 or inf: the early exits of kv_exp
         return true;
     }

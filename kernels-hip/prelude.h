@@ -105,5 +105,7 @@ KV_DEVICE float kv_fmaf(float a, float b, float c) { return __builtin_fmaf(a, b,
 KV_DEVICE float kv_sqrtf(float x) { return __builtin_sqrtf(x); }
 KV_DEVICE float kv_divf(float a, float b) { return a / b; }
 
+KV_DEVICE float kv_fabsf(float x) { return __builtin_fabsf(x); }  // clears the sign bit, exact
+
 KV_DEVICE uint32_t kv_f2u(float f) { return __builtin_bit_cast(uint32_t, f); }
 KV_DEVICE float kv_u2f(uint32_t u) { return __builtin_bit_cast(float, u); }

@@ -126,27 +126,29 @@ pub struct CompressParams {
     /// `unsigned*` skip counters.
     pub counters: u64,
     /// kv_score row stride.
-    pub kv_row_stride: i64,
+    pub kv_row_stride: i32,
     /// Ring block stride.
-    pub ring_block_stride: i64,
+    pub ring_block_stride: i32,
     /// Ring row stride.
-    pub ring_row_stride: i64,
+    pub ring_row_stride: i32,
     /// Ring blocks.
-    pub ring_blocks: i64,
+    pub ring_blocks: i32,
     /// Ring rows per block.
-    pub ring_capacity: i64,
+    pub ring_capacity: i32,
     /// prev_rows row stride.
-    pub prev_row_stride: i64,
+    pub prev_row_stride: i32,
     /// prev_rows rows.
-    pub prev_rows_n: i64,
+    pub prev_rows_n: i32,
     /// Tokens.
-    pub n: i64,
+    pub n: i32,
     /// Requests (CR2).
-    pub num_reqs: i64,
+    pub num_reqs: i32,
     /// RMSNorm epsilon.
     pub eps: f32,
     /// [`flags`].
     pub flags: u32,
+    /// Padding (keeps the C and Rust sizes equal).
+    pub pad: u32,
 }
 
 /// `KvInsertParams`. Pointers are device addresses.
@@ -168,21 +170,21 @@ pub struct InsertParams {
     /// `unsigned*` skip counters.
     pub counters: u64,
     /// Latent row stride (elements).
-    pub latent_row_stride: i64,
+    pub latent_row_stride: i32,
     /// cos/sin row stride (elements).
-    pub cos_row_stride: i64,
+    pub cos_row_stride: i32,
     /// cos/sin rows.
-    pub cos_rows: i64,
+    pub cos_rows: i32,
     /// Bytes between cache blocks.
-    pub block_stride: i64,
+    pub block_stride: i32,
     /// Bytes between rows (rows layouts).
-    pub row_stride: i64,
+    pub row_stride: i32,
     /// Cache blocks.
-    pub num_blocks: i64,
+    pub num_blocks: i32,
     /// Rows per block.
-    pub block_size: i64,
+    pub block_size: i32,
     /// Tokens.
-    pub n: i64,
+    pub n: i32,
     /// 1 or 2.
     pub compress_ratio: u32,
     /// [`flags`].
@@ -202,17 +204,17 @@ pub struct RingRowsParams {
     /// `unsigned*` skip counters.
     pub counters: u64,
     /// Row stride of rows.
-    pub row_stride: i64,
+    pub row_stride: i32,
     /// Ring block stride.
-    pub ring_block_stride: i64,
+    pub ring_block_stride: i32,
     /// Ring row stride.
-    pub ring_row_stride: i64,
+    pub ring_row_stride: i32,
     /// Ring blocks.
-    pub ring_blocks: i64,
+    pub ring_blocks: i32,
     /// Ring rows per block.
-    pub ring_capacity: i64,
+    pub ring_capacity: i32,
     /// Rows.
-    pub n: i64,
+    pub n: i32,
     /// [`flags`].
     pub flags: u32,
     /// Padding (keeps the C and Rust sizes equal).
@@ -279,26 +281,26 @@ pub fn compress_params(p: &CompressPlan, b: &CompressPtrs) -> CompressParams {
         weight: b.weight + p.weight_offset as u64,
         latent: b.latent + p.latent.offset as u64,
         counters: b.counters,
-        kv_row_stride: p.kv_score.row_stride as i64,
-        n: p.n as i64,
+        kv_row_stride: p.kv_score.row_stride as i32,
+        n: p.n as i32,
         eps: p.eps,
         ..Default::default()
     };
     if let (Some(r), Some(q), Some(t)) = (p.ring, p.query_start_loc, p.token_to_req) {
         c.ring = b.ring + r.offset as u64;
-        c.ring_block_stride = r.block_stride as i64;
-        c.ring_row_stride = r.row_stride as i64;
-        c.ring_blocks = r.blocks as i64;
-        c.ring_capacity = r.capacity as i64;
+        c.ring_block_stride = r.block_stride as i32;
+        c.ring_row_stride = r.row_stride as i32;
+        c.ring_blocks = r.blocks as i32;
+        c.ring_capacity = r.capacity as i32;
         c.qsl = b.qsl + q.offset as u64;
         c.ttr = b.ttr + t.offset as u64;
-        c.num_reqs = (q.len - 1) as i64;
+        c.num_reqs = (q.len - 1) as i32;
         f |= i64_flag(&q, flags::QSL_I64) | i64_flag(&t, flags::TTR_I64);
     }
     if let (Some(pr), Some(pi)) = (p.prev_rows, p.prev_row_indices) {
         c.prev_rows = b.prev_rows + pr.offset as u64;
-        c.prev_row_stride = pr.row_stride as i64;
-        c.prev_rows_n = pr.rows as i64;
+        c.prev_row_stride = pr.row_stride as i32;
+        c.prev_rows_n = pr.rows as i32;
         c.prev_idx = b.prev_idx + pi.offset as u64;
         f |= flags::HAS_PREV | i64_flag(&pi, flags::PRI_I64);
     }
@@ -323,14 +325,14 @@ pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertPa
         cache: b.cache + p.cache.offset as u64,
         fp8_scale: p.fp8_scale_offset.map_or(0, |o| b.fp8_scale + o as u64),
         counters: b.counters,
-        latent_row_stride: p.latent.row_stride as i64,
-        cos_row_stride: p.cos_sin.row_stride as i64,
-        cos_rows: p.cos_sin.rows as i64,
-        block_stride: p.cache.block_stride as i64,
-        row_stride: p.cache.row_stride as i64,
-        num_blocks: p.cache.blocks as i64,
-        block_size: p.cache.block_size as i64,
-        n: p.n as i64,
+        latent_row_stride: p.latent.row_stride as i32,
+        cos_row_stride: p.cos_sin.row_stride as i32,
+        cos_rows: p.cos_sin.rows as i32,
+        block_stride: p.cache.block_stride as i32,
+        row_stride: p.cache.row_stride as i32,
+        num_blocks: p.cache.blocks as i32,
+        block_size: p.cache.block_size as i32,
+        n: p.n as i32,
         compress_ratio: p.compress_ratio,
         flags: f,
     }
@@ -350,12 +352,12 @@ pub fn ring_rows_params(
         slots: slots + p.slots.offset as u64,
         ring: ring + p.ring.offset as u64,
         counters,
-        row_stride: p.rows.row_stride as i64,
-        ring_block_stride: p.ring.block_stride as i64,
-        ring_row_stride: p.ring.row_stride as i64,
-        ring_blocks: p.ring.blocks as i64,
-        ring_capacity: p.ring.capacity as i64,
-        n: p.n as i64,
+        row_stride: p.rows.row_stride as i32,
+        ring_block_stride: p.ring.block_stride as i32,
+        ring_row_stride: p.ring.row_stride as i32,
+        ring_blocks: p.ring.blocks as i32,
+        ring_capacity: p.ring.capacity as i32,
+        n: p.n as i32,
         flags: i64_flag(&p.slots, flags::SLOT_I64),
         pad: 0,
     }
@@ -393,11 +395,12 @@ mod tests {
 
     #[test]
     fn parameter_blocks_have_the_c_sizes() {
-        // The C structs in kernels-hip/kvcache.hip have these sizes (all
-        // fields 8-byte aligned, no interior padding).
-        assert_eq!(std::mem::size_of::<CompressParams>(), 11 * 8 + 9 * 8 + 8);
-        assert_eq!(std::mem::size_of::<InsertParams>(), 7 * 8 + 8 * 8 + 8);
-        assert_eq!(std::mem::size_of::<RingRowsParams>(), 4 * 8 + 6 * 8 + 8);
+        // The C structs in kernels-hip/kvcache.hip have these sizes: the
+        // pointers, then 32-bit counts and strides (validated to fit), with
+        // explicit padding to 8 bytes.
+        assert_eq!(std::mem::size_of::<CompressParams>(), 11 * 8 + 12 * 4);
+        assert_eq!(std::mem::size_of::<InsertParams>(), 7 * 8 + 10 * 4);
+        assert_eq!(std::mem::size_of::<RingRowsParams>(), 4 * 8 + 8 * 4);
         assert_eq!(
             std::mem::size_of::<FusedParams>(),
             std::mem::size_of::<CompressParams>() + std::mem::size_of::<InsertParams>()

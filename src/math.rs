@@ -65,24 +65,20 @@ pub fn exp(x: f32) -> f32 {
 /// `max` that ignores a NaN operand (NVIDIA `max.f32`): NaN only if both are.
 #[inline]
 pub fn max_nan_ignoring(a: f32, b: f32) -> f32 {
-    if a.is_nan() {
+    if b > a || a.is_nan() {
         b
-    } else if b.is_nan() || a >= b {
-        a
     } else {
-        b
+        a
     }
 }
 
 /// `min` that ignores a NaN operand (NVIDIA `min.f32`): NaN only if both are.
 #[inline]
 pub fn min_nan_ignoring(a: f32, b: f32) -> f32 {
-    if a.is_nan() {
+    if b < a || a.is_nan() {
         b
-    } else if b.is_nan() || a <= b {
-        a
     } else {
-        b
+        a
     }
 }
 

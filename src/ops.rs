@@ -335,6 +335,8 @@ fn rows<S: Storage + ?Sized>(
     }
     aligned(arg, d, 16)?;
     extent(arg, buf, d)?;
+    fits_i32(arg, "row stride", d.strides()[0])?;
+    fits_i32(arg, "rows", d.shape()[0])?;
     Ok(RowsPlan {
         offset: d.offset,
         row_stride: if d.shape()[0] > 1 {
@@ -344,6 +346,17 @@ fn rows<S: Storage + ?Sized>(
         },
         rows: d.shape()[0],
     })
+}
+
+/// Strides and counts travel to the kernels as 32-bit integers.
+fn fits_i32(arg: &'static str, what: &str, v: usize) -> Result<()> {
+    if v > i32::MAX as usize {
+        return Err(shape_err(
+            arg,
+            format!("{what} {v} is above the supported {}", i32::MAX),
+        ));
+    }
+    Ok(())
 }
 
 fn ratio(cr: u32) -> Result<()> {
@@ -412,6 +425,10 @@ fn ring<S: Storage + ?Sized>(arg: &'static str, t: &TensorMut<'_, S>) -> Result<
     }
     aligned(arg, d, 16)?;
     extent(arg, &*t.buf, d)?;
+    fits_i32(arg, "block stride", d.strides()[0])?;
+    fits_i32(arg, "row stride", row_stride)?;
+    fits_i32(arg, "blocks", blocks)?;
+    fits_i32(arg, "capacity", cap)?;
     Ok(RingPlan {
         offset: d.offset,
         block_stride: d.strides()[0],
@@ -675,6 +692,10 @@ fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
     }
     aligned(arg, d, 16)?;
     extent(arg, &*kv.buf, d)?;
+    fits_i32(arg, "block stride (bytes)", block_stride)?;
+    fits_i32(arg, "row stride (bytes)", row_stride)?;
+    fits_i32(arg, "blocks", blocks)?;
+    fits_i32(arg, "block_size", block_size)?;
     Ok(CachePlan {
         layout,
         offset: d.offset,
@@ -705,6 +726,8 @@ fn cos_sin<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<(RowsPlan, bool)> {
     }
     aligned("cos_sin_cache", d, d.dtype.size())?;
     extent("cos_sin_cache", t.buf, d)?;
+    fits_i32("cos_sin_cache", "row stride", d.strides()[0])?;
+    fits_i32("cos_sin_cache", "rows", d.shape()[0])?;
     Ok((
         RowsPlan {
             offset: d.offset,
