@@ -5,6 +5,9 @@
 // decides a bit.
 #pragma once
 
+// 2^e for -126 <= e <= 127, from the exponent bits.
+KV_DEVICE float kv_pow2(int e) { return kv_u2f(((uint32_t)(e + 127)) << 23); }
+
 // f32 -> BF16 bits, round to nearest even; every NaN -> 0x7FFF.
 KV_DEVICE uint16_t kv_bf16_from_f32(float x) {
     uint32_t b = kv_f2u(x);
@@ -73,6 +76,49 @@ KV_DEVICE float kv_e4m3_to_f32(uint8_t c) {
     return sign * kv_u2f(((e + 120u) << 23) | (m << 20));
 }
 
+// f32(1 / v) for a positive, finite, non-zero e4m3 code (1..0x7E): table of
+// mantissa reciprocals times an exact power of two (see formats::e4m3_recip).
+KV_DEVICE float kv_e4m3_recip(uint8_t code) {
+    uint32_t e = (code >> 3) & 0xfu;
+    uint32_t m = code & 7u;
+    // Switches, not arrays: an array indexed at run time lands in local memory.
+    if (e == 0) {
+        uint32_t bits;
+        switch (m) {
+            case 1: bits = 0x3f800000u; break;
+            case 2: bits = 0x3f000000u; break;
+            case 3: bits = 0x3eaaaaabu; break;
+            case 4: bits = 0x3e800000u; break;
+            case 5: bits = 0x3e4ccccdu; break;
+            case 6: bits = 0x3e2aaaabu; break;
+            default: bits = 0x3e124925u; break;  // 7 (0 is not a scale)
+        }
+        return kv_u2f(bits) * 512.0f;
+    }
+    uint32_t bits;
+    switch (m) {
+        case 0: bits = 0x3f800000u; break;
+        case 1: bits = 0x3f638e39u; break;
+        case 2: bits = 0x3f4ccccdu; break;
+        case 3: bits = 0x3f3a2e8cu; break;
+        case 4: bits = 0x3f2aaaabu; break;
+        case 5: bits = 0x3f1d89d9u; break;
+        case 6: bits = 0x3f124925u; break;
+        default: bits = 0x3f088889u; break;  // 7
+    }
+    return kv_u2f(bits) * kv_pow2(7 - (int)e);
+}
+
+// e4m3 code of one non-NaN value; a prelude's hardware pair conversion is
+// used when it exists (same bits, see kv_e4m3_from_f32_x16).
+KV_DEVICE uint8_t kv_e4m3_from_f32_nonnan(float x) {
+#if defined(KV_HW_E4M3X2)
+    return (uint8_t)(kv_hw_e4m3x2(x, 0.0f) & 0xffu);
+#else
+    return kv_e4m3_from_f32(x);
+#endif
+}
+
 // FP4 e2m1 code: magnitudes 0,.5,1,1.5,2,3,4,6 -> 0..7, ties to the even
 // code, saturating; bit 3 = sign of q; NaN -> 0.
 KV_DEVICE uint8_t kv_e2m1_from_f32(float q) {
@@ -86,5 +132,3 @@ KV_DEVICE uint8_t kv_e2m1_from_f32(float q) {
     return (uint8_t)(sign | code);
 }
 
-// 2^e for -126 <= e <= 127, from the exponent bits.
-KV_DEVICE float kv_pow2(int e) { return kv_u2f(((uint32_t)(e + 127)) << 23); }

@@ -286,12 +286,24 @@ KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned lane,
     for (int j = 0; j < 8; ++j) kv_rope_pair(x[2 * j], x[2 * j + 1], c[j], s[j], &r[2 * j], &r[2 * j + 1]);
 }
 
+// NaN-ignoring max of |v| over 16 values, as a tree: the max is associative
+// and commutative (NaN only if all are), so this equals the sequential fold
+// of math.rs while cutting the dependent chain from 16 steps to 4.
+KV_DEVICE float kv_amax16(const float v[16]) {
+    float a[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = kv_max_nan_ignoring(kv_fabs(v[j]), kv_fabs(v[j + 8]));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = kv_max_nan_ignoring(a[j], a[j + 4]);
+    a[0] = kv_max_nan_ignoring(a[0], a[2]);
+    a[1] = kv_max_nan_ignoring(a[1], a[3]);
+    return kv_max_nan_ignoring(a[0], a[1]);
+}
+
 // Quantizes 16 values of an FP8 block spread over `lanes_per_block` lanes
 // (V4: 4, MXFP8: 2); returns the block's UE8M0 byte (same on its lanes).
 KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, bool sanitize, uint8_t out[16]) {
-    float amax = KV_AMAX_FLOOR;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) amax = kv_max_nan_ignoring(amax, kv_fabs(q[j]));
+    float amax = kv_max_nan_ignoring(KV_AMAX_FLOOR, kv_amax16(q));
     for (int h = 1; h < lanes_per_block; h *= 2) amax = kv_max_nan_ignoring(amax, kv_shfl_xor(amax, h));
     int e = 0;
     bool finite = kv_block_scale_exponent(amax * KV_INV_448, &e);
@@ -306,13 +318,11 @@ KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, b
 // One NVFP4 tile (the lane's 16 dims): 8 bytes of e2m1 pairs; returns the
 // e4m3 scale byte.
 KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint8_t out[8]) {
-    float amax = kv_fabs(r[0]);
-#pragma unroll
-    for (int j = 1; j < 16; ++j) amax = kv_max_nan_ignoring(amax, kv_fabs(r[j]));
+    float amax = kv_amax16(r);
     float t = kv_min_nan_ignoring(kv_max_nan_ignoring(amax * KV_INV_6, KV_NVFP4_SCALE_MIN), 448.0f);
-    uint8_t code = kv_e4m3_from_f32(t);
+    uint8_t code = kv_e4m3_from_f32_nonnan(t);  // t is finite: in [2^-9, 448]
     float scale = kv_e4m3_to_f32(code);
-    float y = kv_divf(1.0f, scale);  // one division per tile, not sixteen
+    float y = kv_e4m3_recip(code);  // f32(1 / scale), exactly, without a division
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         uint8_t lo = kv_e2m1_from_f32(kv_div_by_scale(r[2 * k], scale, y));

@@ -103,6 +103,43 @@ pub fn e4m3_to_f32(c: u8) -> f32 {
     }
 }
 
+/// `f32(1 / v)` for the value `v` of a positive, finite, non-zero e4m3 code
+/// (1..=0x7E), from the code's bits: a table of the eight mantissas'
+/// reciprocals (seven for subnormals) scaled by a power of two, which is
+/// exact. Used for NVFP4 tile scales (with [`crate::math::div_by_scale`]).
+#[inline]
+pub fn e4m3_recip(code: u8) -> f32 {
+    const NORMAL: [u32; 8] = [
+        0x3f80_0000,
+        0x3f63_8e39,
+        0x3f4c_cccd,
+        0x3f3a_2e8c,
+        0x3f2a_aaab,
+        0x3f1d_89d9,
+        0x3f12_4925,
+        0x3f08_8889,
+    ];
+    const SUBNORMAL: [u32; 8] = [
+        0,
+        0x3f80_0000,
+        0x3f00_0000,
+        0x3eaa_aaab,
+        0x3e80_0000,
+        0x3e4c_cccd,
+        0x3e2a_aaab,
+        0x3e12_4925,
+    ];
+    let e = ((code >> 3) & 0xf) as i32;
+    let m = (code & 7) as usize;
+    if e == 0 {
+        // v = m 2^-9: 1/v = (1/m) 2^9.
+        f32::from_bits(SUBNORMAL[m]) * 512.0
+    } else {
+        // v = (1 + m/8) 2^(e-7): 1/v = (8/(8+m)) 2^(7-e).
+        f32::from_bits(NORMAL[m]) * pow2(7 - e)
+    }
+}
+
 /// FP4 e2m1 code of `q`: magnitudes `0, .5, 1, 1.5, 2, 3, 4, 6` are codes
 /// 0..=7, rounding to nearest with ties to the even code, saturating at 6
 /// (infinity included); bit 3 is the sign of `q`, so `-0.0` (and anything
@@ -192,6 +229,18 @@ mod tests {
         assert_eq!(e4m3_from_f32(2.0f32.powi(-6)), 0x08);
         assert!(e4m3_to_f32(0x7f).is_nan());
         assert_eq!(e4m3_to_f32(0x7e), 448.0);
+    }
+
+    #[test]
+    fn e4m3_recip_is_the_rounded_reciprocal() {
+        for code in 1u8..=0x7e {
+            let v = e4m3_to_f32(code);
+            assert_eq!(
+                e4m3_recip(code).to_bits(),
+                (1.0 / v).to_bits(),
+                "code {code:#04x}"
+            );
+        }
     }
 
     #[test]
