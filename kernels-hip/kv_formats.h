@@ -122,13 +122,13 @@ KV_DEVICE uint8_t kv_e4m3_from_f32_nonnan(float x) {
 // FP4 e2m1 code: magnitudes 0,.5,1,1.5,2,3,4,6 -> 0..7, ties to the even
 // code, saturating; bit 3 = sign of q; NaN -> 0.
 KV_DEVICE uint8_t kv_e2m1_from_f32(float q) {
-    if (q != q) return 0;
     uint8_t sign = (uint8_t)((kv_f2u(q) >> 28) & 8u);
     float m = kv_fabsf(q);
     // Counts the grid midpoints below m; > or >= is the tie rule. Branch-free:
     // a data-dependent if-chain diverges across lanes.
     uint8_t code = (uint8_t)((m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +
                              (m >= 3.5f) + (m > 5.0f));
-    return (uint8_t)(sign | code);
+    // A NaN fails every comparison (code 0); it also loses its sign.
+    return (uint8_t)((q != q) ? 0 : (sign | code));
 }
 

@@ -31,18 +31,14 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// in gives the canonical NaN out.
 #[inline]
 pub fn exp(x: f32) -> f32 {
-    if x.is_nan() {
-        return f32::from_bits(0x7fc0_0000);
-    }
-    if x > 88.722_84 {
-        return f32::INFINITY;
-    }
-    if x < -103.972_08 {
-        return 0.0;
-    }
-    let t = x * LOG2E;
+    // One path for every input, as in the kernels: the arithmetic runs on x
+    // clamped into the finite range (NaN becomes the lower bound) and the
+    // special results are selected at the end.
+    let xc = if x > -103.972_08 { x } else { -103.972_08 };
+    let xc = if xc < 88.722_84 { xc } else { 88.722_84 };
+    let t = xc * LOG2E;
     let n = (t + ROUND_MAGIC) - ROUND_MAGIC;
-    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_HI, xc);
     let r = n.mul_add(-LN2_LO, r);
     let mut p = f32::from_bits(0x3950_0d01); // 1/5040
     p = p.mul_add(r, f32::from_bits(0x3ab6_0b61)); // 1/720
@@ -52,13 +48,25 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 0.5);
     p = p.mul_add(r, 1.0);
     p = p.mul_add(r, 1.0);
-    let n = n as i32;
-    if n < -126 {
-        (p * pow2(n + 100)) * pow2(-100)
-    } else if n > 127 {
-        (p * pow2(n - 1)) * 2.0
+    let ni = n as i32;
+    // 2^n in two exact steps when it leaves the normal range (a subnormal
+    // result is then rounded once).
+    let adj = if ni < -126 {
+        -100
+    } else if ni > 127 {
+        1
     } else {
-        p * pow2(n)
+        0
+    };
+    let y = (p * pow2(ni - adj)) * pow2(adj);
+    if x.is_nan() {
+        f32::from_bits(0x7fc0_0000)
+    } else if x > 88.722_84 {
+        f32::INFINITY
+    } else if x < -103.972_08 {
+        0.0
+    } else {
+        y
     }
 }
 
@@ -265,14 +273,14 @@ pub fn pool2_one_exp(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
 #[inline]
 pub fn div_by_scale(r: f32, s: f32, y: f32) -> f32 {
     let q0 = r * y;
-    if !q0.is_finite() {
-        return q0;
-    }
     let res = (-q0).mul_add(s, r);
-    if res == 0.0 {
-        return q0;
+    let q1 = res.mul_add(y, q0);
+    // q0 infinite or NaN (r was), or already exact: keep it.
+    if !(q0.abs() <= f32::MAX) || res == 0.0 {
+        q0
+    } else {
+        q1
     }
-    res.mul_add(y, q0)
 }
 
 /// GPT-J rotation of one pair: `(fma(e, c, -f32(o s)), fma(o, c, f32(e s)))`.
