@@ -478,7 +478,8 @@ KV_DEVICE bool kv_exp_trivial(float d, float* w) {
         return true;
     }
     if (!(kv_fabs(d) <= kv_u2f(0x7f7fffffu))) {
-        *w = kv_exp(d);  // NaN, 0 or inf: the early exits of kv_exp
+        // What kv_exp returns for NaN and the infinities, without running it.
+        *w = kv_isnan(d) ? kv_u2f(0x7fc00000u) : (d > 0.0f ? kv_u2f(0x7f800000u) : 0.0f);
         return true;
     }
     return false;

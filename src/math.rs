@@ -241,8 +241,10 @@ pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
 fn exp_trivial(d: f32) -> Option<f32> {
     if d == 0.0 {
         Some(1.0)
-    } else if !d.is_finite() {
-        Some(exp(d))
+    } else if d.is_nan() {
+        Some(f32::from_bits(0x7fc0_0000))
+    } else if d.is_infinite() {
+        Some(if d > 0.0 { f32::INFINITY } else { 0.0 })
     } else {
         None
     }
