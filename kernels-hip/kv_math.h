@@ -23,14 +23,14 @@ KV_DEVICE float kv_copysign(float m, float s) {
 
 // e^x: Cody-Waite reduction, degree-7 Taylor by Horner in fma, scaling by 2^n.
 KV_DEVICE float kv_exp(float x) {
-    // One path for every lane: the arithmetic runs on x clamped into the
-    // finite range (a NaN becomes the lower bound) and the special results
-    // are selected at the end; a branch per element would diverge.
-    float xc = x > -103.97208f ? x : -103.97208f;
-    xc = xc < 88.72284f ? xc : 88.72284f;
-    float t = xc * KV_LOG2E;
+    // Early exits, not selects: measured faster on the H200 (the exits are
+    // rarely taken, so they do not diverge; computing both paths costs more).
+    if (kv_isnan(x)) return kv_u2f(0x7fc00000u);
+    if (x > 88.72284f) return kv_u2f(0x7f800000u);
+    if (x < -103.97208f) return 0.0f;
+    float t = x * KV_LOG2E;
     float n = (t + KV_ROUND_MAGIC) - KV_ROUND_MAGIC;
-    float r = kv_fmaf(n, -KV_LN2_HI, xc);
+    float r = kv_fmaf(n, -KV_LN2_HI, x);
     r = kv_fmaf(n, -KV_LN2_LO, r);
     float p = kv_u2f(0x39500d01u);        // 1/5040
     p = kv_fmaf(p, r, kv_u2f(0x3ab60b61u));  // 1/720
@@ -42,12 +42,10 @@ KV_DEVICE float kv_exp(float x) {
     p = kv_fmaf(p, r, 1.0f);
     int ni = (int)n;
     // 2^n in two exact steps when it leaves the normal range (a subnormal
-    // result is then rounded once): adj = -100 below, 1 above, else 0.
-    int adj = ni < -126 ? -100 : (ni > 127 ? 1 : 0);
-    float y = (p * kv_pow2(ni - adj)) * kv_pow2(adj);
-    y = x < -103.97208f ? 0.0f : y;
-    y = x > 88.72284f ? kv_u2f(0x7f800000u) : y;
-    return kv_isnan(x) ? kv_u2f(0x7fc00000u) : y;
+    // result is then rounded once).
+    if (ni < -126) return (p * kv_pow2(ni + 100)) * kv_pow2(-100);
+    if (ni > 127) return (p * kv_pow2(ni - 1)) * 2.0f;
+    return p * kv_pow2(ni);
 }
 
 // max/min ignoring a NaN operand (NVIDIA max.f32/min.f32).

@@ -31,14 +31,18 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// in gives the canonical NaN out.
 #[inline]
 pub fn exp(x: f32) -> f32 {
-    // One path for every input, as in the kernels: the arithmetic runs on x
-    // clamped into the finite range (NaN becomes the lower bound) and the
-    // special results are selected at the end.
-    let xc = if x > -103.972_08 { x } else { -103.972_08 };
-    let xc = if xc < 88.722_84 { xc } else { 88.722_84 };
-    let t = xc * LOG2E;
+    if x.is_nan() {
+        return f32::from_bits(0x7fc0_0000);
+    }
+    if x > 88.722_84 {
+        return f32::INFINITY;
+    }
+    if x < -103.972_08 {
+        return 0.0;
+    }
+    let t = x * LOG2E;
     let n = (t + ROUND_MAGIC) - ROUND_MAGIC;
-    let r = n.mul_add(-LN2_HI, xc);
+    let r = n.mul_add(-LN2_HI, x);
     let r = n.mul_add(-LN2_LO, r);
     let mut p = f32::from_bits(0x3950_0d01); // 1/5040
     p = p.mul_add(r, f32::from_bits(0x3ab6_0b61)); // 1/720
@@ -48,25 +52,15 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 0.5);
     p = p.mul_add(r, 1.0);
     p = p.mul_add(r, 1.0);
-    let ni = n as i32;
+    let n = n as i32;
     // 2^n in two exact steps when it leaves the normal range (a subnormal
     // result is then rounded once).
-    let adj = if ni < -126 {
-        -100
-    } else if ni > 127 {
-        1
+    if n < -126 {
+        (p * pow2(n + 100)) * pow2(-100)
+    } else if n > 127 {
+        (p * pow2(n - 1)) * 2.0
     } else {
-        0
-    };
-    let y = (p * pow2(ni - adj)) * pow2(adj);
-    if x.is_nan() {
-        f32::from_bits(0x7fc0_0000)
-    } else if x > 88.722_84 {
-        f32::INFINITY
-    } else if x < -103.972_08 {
-        0.0
-    } else {
-        y
+        p * pow2(n)
     }
 }
 
