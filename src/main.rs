@@ -389,7 +389,7 @@ mod cuda_wiring {
 
 #[cfg(feature = "hip")]
 mod hip_wiring {
-    use super::{median_f64, Timing};
+    use super::Timing;
     use dsv4_kvcache::{Backend, HipBackend, Result};
     use std::time::Instant;
 
@@ -438,20 +438,7 @@ mod hip_wiring {
             Ok(out)
         }
         fn copy_rate(&self, b: &HipBackend, bytes: usize, replays: usize) -> Result<f64> {
-            // TODO(lead): wire a device-to-device copy (hipMemcpyAsync D2D in
-            // a graph, as CudaBackend::time_copy) into HipBackend. Until then
-            // this is the host-to-device upload rate, far below the device's
-            // copy rate, so "% of copy" on HIP overstates the kernels.
-            let src = vec![0u8; bytes];
-            let mut dst = b.upload(&src)?;
-            let mut times = Vec::new();
-            for _ in 0..replays.max(1) {
-                let t = Instant::now();
-                b.write(&mut dst, &src)?;
-                b.synchronize()?;
-                times.push(t.elapsed().as_secs_f64());
-            }
-            Ok(bytes as f64 / median_f64(&mut times).max(1e-12))
+            b.time_copy(bytes, replays)
         }
         fn host_launch_us(
             &self,

@@ -619,6 +619,48 @@ impl HipBackend {
         Ok(buf)
     }
 
+    /// Copies `len` bytes from `src` to `dst` on the device, on the backend's
+    /// stream (does not wait).
+    pub fn copy(&self, src: &HipBuffer, dst: &mut HipBuffer, len: usize) -> Result<()> {
+        if len > src.len || len > dst.len {
+            return Err(Error::OutOfBounds {
+                arg: "copy",
+                needed: len as u64,
+                available: src.len.min(dst.len) as u64,
+            });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: both buffers are live allocations of this device holding at
+        // least len bytes; the stream is ours.
+        let code = unsafe {
+            (self.api.memcpy_async)(
+                dst.ptr as *mut c_void,
+                src.ptr as *const c_void,
+                len,
+                ffi::MEMCPY_D2D,
+                self.stream.0,
+            )
+        };
+        self.check("hipMemcpyAsync", code)
+    }
+
+    /// Device-to-device copy rate in bytes per second (bytes read plus bytes
+    /// written), the median of `replays` copies of `bytes`, timed by events.
+    pub fn time_copy(&self, bytes: usize, replays: usize) -> Result<f64> {
+        let src = self.alloc_zeroed(bytes)?;
+        let mut dst = self.alloc_zeroed(bytes)?;
+        self.copy(&src, &mut dst, bytes)?; // warm-up
+        let mut ms = Vec::new();
+        for _ in 0..replays.max(1) {
+            ms.push(self.time_ms(|b| b.copy(&src, &mut dst, bytes))?);
+        }
+        ms.sort_by(|a, b| a.total_cmp(b));
+        let median = ms[ms.len() / 2] as f64 / 1e3;
+        Ok(2.0 * bytes as f64 / median.max(1e-12))
+    }
+
     fn alloc(&self, len: usize) -> Result<HipBuffer> {
         let mut p = null_mut();
         if len > 0 {

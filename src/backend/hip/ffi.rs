@@ -20,6 +20,8 @@ pub(crate) const HIP_ERROR_NO_DEVICE: HipError = 100;
 pub(crate) const MEMCPY_H2D: c_int = 1;
 /// `hipMemcpyDeviceToHost`.
 pub(crate) const MEMCPY_D2H: c_int = 2;
+/// `hipMemcpyDeviceToDevice`.
+pub(crate) const MEMCPY_D2D: c_int = 3;
 /// `hipStreamCaptureModeThreadLocal`: only this thread's unsafe calls end
 /// the capture.
 pub(crate) const CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
