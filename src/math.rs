@@ -272,7 +272,7 @@ pub fn div_by_scale(r: f32, s: f32, y: f32) -> f32 {
     let res = (-q0).mul_add(s, r);
     let q1 = res.mul_add(y, q0);
     // q0 infinite or NaN (r was), or already exact: keep it.
-    if !(q0.abs() <= f32::MAX) || res == 0.0 {
+    if !q0.is_finite() || res == 0.0 {
         q0
     } else {
         q1
