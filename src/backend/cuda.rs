@@ -273,41 +273,7 @@ impl Storage for CudaBuffer {
     }
 }
 
-/// Device memory the caller owns, for the `unsafe` `*_raw` entry points.
-///
-/// `ptr` is a device address in the backend's context (the device's primary
-/// context); the tensor descriptors give dtype, shape, strides and a byte
-/// offset from `ptr`. `len` is the size of the allocation from `ptr` that the
-/// caller vouches for: views are checked against it; use `usize::MAX` when it
-/// is unknown (then nothing is bounds-checked).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawDevice {
-    /// Device address.
-    pub ptr: u64,
-    /// Bytes from `ptr` that may be touched (`usize::MAX`: unknown).
-    pub len: usize,
-}
-
-impl RawDevice {
-    /// `len` bytes at `ptr`.
-    pub fn new(ptr: u64, len: usize) -> Self {
-        RawDevice { ptr, len }
-    }
-
-    /// Memory at `ptr` of unknown size (no bounds checks).
-    pub fn unbounded(ptr: u64) -> Self {
-        RawDevice {
-            ptr,
-            len: usize::MAX,
-        }
-    }
-}
-
-impl Storage for RawDevice {
-    fn len_bytes(&self) -> usize {
-        self.len
-    }
-}
+pub use super::raw::RawDevice;
 
 /// A device address of a buffer of either kind.
 trait DevAddr: Storage {
@@ -451,30 +417,6 @@ fn fused_extra_uses<'b, S>(a: &'b FusedArgs<'_, S>) -> [Use<'b, S>; 4] {
         ix("cache_slot_mapping", &a.cache_slot_mapping),
         ix_opt("fp8_scale", a.fp8_scale.as_ref()),
     ]
-}
-
-/// Checks a raw device address: not null, aligned as the kernels need.
-fn check_raw(uses: &[Use<'_, RawDevice>]) -> Result<()> {
-    for &(arg, buf, align) in uses {
-        let Some(b) = buf else { continue };
-        if b.ptr == 0 {
-            return Err(Error::Value {
-                arg,
-                problem: "null device pointer".into(),
-            });
-        }
-        if b.ptr % align != 0 {
-            return Err(Error::Shape {
-                arg,
-                problem: format!(
-                    "device pointer {:#x} must be a multiple of {align} bytes (pass an aligned base and put the rest \
-                     in the view's offset)",
-                    b.ptr
-                ),
-            });
-        }
-    }
-    Ok(())
 }
 
 // ---- module ----------------------------------------------------------------
@@ -916,7 +858,7 @@ impl CudaBackend {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_insert(args)?;
-        check_raw(&insert_uses(args))?;
+        super::raw::check_insert(args)?;
         self.insert_on(args, &p, self.raw_counters(raw_counters)?, stream)
     }
 
@@ -933,7 +875,7 @@ impl CudaBackend {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_compress(args)?;
-        check_raw(&compress_uses(args, &p))?;
+        super::raw::check_compress(args)?;
         self.compress_on(args, &p, self.raw_counters(raw_counters)?, stream)
     }
 
@@ -950,7 +892,7 @@ impl CudaBackend {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_ring_rows(args)?;
-        check_raw(&ring_uses(args))?;
+        super::raw::check_ring(args)?;
         self.ring_on(args, &p, self.raw_counters(raw_counters)?, stream)
     }
 
@@ -967,8 +909,7 @@ impl CudaBackend {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_fused(args)?;
-        check_raw(&compress_uses(&args.compress, &p.compress))?;
-        check_raw(&fused_extra_uses(args))?;
+        super::raw::check_fused(args)?;
         self.fused_on(args, &p, self.raw_counters(raw_counters)?, stream)
     }
 

@@ -59,7 +59,7 @@ use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, CompressArgs, FusedArgs, InsertArgs,
     RingArgs, SkipCounts,
 };
-use crate::tensor::{Storage, Tensor, TensorDesc};
+use crate::tensor::{Storage, Tensor};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::marker::PhantomData;
 use std::ptr::null_mut;
@@ -87,48 +87,7 @@ impl Handle {
     const NULL: Handle = Handle(null_mut());
 }
 
-/// Device memory given by address and size, for the `*_raw` launches over
-/// memory the caller owns (e.g. a serving framework's tensors).
-///
-/// `ptr` is a device address on the backend's device; the tensor
-/// descriptors give dtype, shape, strides and a byte offset from `ptr`. `len`
-/// is the size of the allocation from `ptr` that the caller vouches for:
-/// views are checked against it; `usize::MAX` ([`RawDevice::unbounded`])
-/// when it is unknown. A view's address `ptr + desc.offset` must be aligned
-/// as the kernels read it: 16 bytes for `latent`, `kv_score`, `latent_out`,
-/// `rms_norm_weight`, rings, `rows`, `prev_rows` and `kv_cache`, the element
-/// size for index tensors, `cos_sin_cache` and `fp8_scale`. The `*_raw`
-/// functions check this and reject null pointers.
-///
-/// (Same shape as the CUDA backend's `RawDevice`, so the two can be merged.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawDevice {
-    /// Device address of byte 0.
-    pub ptr: u64,
-    /// Bytes from `ptr` that may be touched (`usize::MAX`: unknown).
-    pub len: usize,
-}
-
-impl RawDevice {
-    /// `len` bytes at `ptr`.
-    pub fn new(ptr: u64, len: usize) -> Self {
-        RawDevice { ptr, len }
-    }
-
-    /// Memory at `ptr` of unknown size (no bounds checks).
-    pub fn unbounded(ptr: u64) -> Self {
-        RawDevice {
-            ptr,
-            len: usize::MAX,
-        }
-    }
-}
-
-impl Storage for RawDevice {
-    fn len_bytes(&self) -> usize {
-        self.len
-    }
-}
+pub use super::raw::RawDevice;
 
 /// Memory the HIP backend computes on: a `hipMalloc` allocation, freed on drop.
 pub struct HipBuffer {
@@ -198,77 +157,6 @@ fn dptr<S: DevicePtr + ?Sized>(t: &Tensor<'_, S>) -> u64 {
 
 fn opt_dptr<S: DevicePtr + ?Sized>(t: &Option<Tensor<'_, S>>) -> u64 {
     t.as_ref().map_or(0, |t| t.buf.device_ptr())
-}
-
-/// Checks the absolute address of a raw view (see [`RawDevice`]).
-fn raw_aligned(arg: &'static str, buf: &RawDevice, desc: &TensorDesc, align: u64) -> Result<()> {
-    let addr = buf.ptr.wrapping_add(desc.offset as u64);
-    if buf.ptr == 0 {
-        return Err(Error::Value {
-            arg,
-            problem: "null device pointer".into(),
-        });
-    }
-    if addr % align != 0 {
-        return Err(Error::Shape {
-            arg,
-            problem: format!("device address {addr:#x} (pointer + view offset) must be a multiple of {align} bytes"),
-        });
-    }
-    Ok(())
-}
-
-fn raw_index(arg: &'static str, t: &Tensor<'_, RawDevice>) -> Result<()> {
-    raw_aligned(arg, t.buf, &t.desc, t.desc.dtype.size() as u64)
-}
-
-fn raw_rows(arg: &'static str, buf: &RawDevice, desc: &TensorDesc) -> Result<()> {
-    raw_aligned(arg, buf, desc, 16)
-}
-
-/// Checks the tensors the compress plan uses (CR1 ignores the CR2-only
-/// arguments, so they are not checked there).
-fn raw_compress_checks(a: &CompressArgs<'_, RawDevice>) -> Result<()> {
-    raw_rows("kv_score", a.kv_score.buf, &a.kv_score.desc)?;
-    raw_index("positions", &a.positions)?;
-    raw_index("slot_mapping", &a.slot_mapping)?;
-    raw_aligned(
-        "rms_norm_weight",
-        a.rms_norm_weight.buf,
-        &a.rms_norm_weight.desc,
-        16,
-    )?;
-    raw_rows("latent_out", a.latent_out.buf, &a.latent_out.desc)?;
-    if a.compress_ratio != 2 {
-        return Ok(());
-    }
-    if let Some(s) = &a.state_cache {
-        raw_rows("state_cache", s.buf, &s.desc)?;
-    }
-    if let Some(t) = &a.query_start_loc {
-        raw_index("query_start_loc", t)?;
-    }
-    if let Some(t) = &a.token_to_req_indices {
-        raw_index("token_to_req_indices", t)?;
-    }
-    if let (Some(p), Some(i)) = (&a.prev_rows, &a.prev_row_indices) {
-        raw_rows("prev_rows", p.buf, &p.desc)?;
-        raw_index("prev_row_indices", i)?;
-    }
-    Ok(())
-}
-
-fn raw_insert_tail_checks(
-    cos_sin: &Tensor<'_, RawDevice>,
-    cache: (&RawDevice, &TensorDesc),
-    fp8_scale: &Option<Tensor<'_, RawDevice>>,
-) -> Result<()> {
-    raw_index("cos_sin_cache", cos_sin)?;
-    raw_rows("kv_cache", cache.0, cache.1)?;
-    if let Some(t) = fp8_scale {
-        raw_aligned("fp8_scale", t.buf, &t.desc, 4)?;
-    }
-    Ok(())
 }
 
 /// A HIP device with the embedded kernels loaded: one stream, one module,
@@ -825,14 +713,7 @@ impl HipBackend {
         args: &InsertArgs<'_, RawDevice>,
         stream: *mut c_void,
     ) -> Result<()> {
-        raw_rows("latent", args.latent.buf, &args.latent.desc)?;
-        raw_index("positions", &args.positions)?;
-        raw_index("slot_mapping", &args.slot_mapping)?;
-        raw_insert_tail_checks(
-            &args.cos_sin_cache,
-            (args.kv_cache.buf, &args.kv_cache.desc),
-            &args.fp8_scale,
-        )?;
+        super::raw::check_insert(args)?;
         self.insert_on(args, stream)
     }
 
@@ -845,7 +726,7 @@ impl HipBackend {
         args: &CompressArgs<'_, RawDevice>,
         stream: *mut c_void,
     ) -> Result<()> {
-        raw_compress_checks(args)?;
+        super::raw::check_compress(args)?;
         self.compress_on(args, stream)
     }
 
@@ -858,9 +739,7 @@ impl HipBackend {
         args: &RingArgs<'_, RawDevice>,
         stream: *mut c_void,
     ) -> Result<()> {
-        raw_rows("rows", args.rows.buf, &args.rows.desc)?;
-        raw_index("slot_mapping", &args.slot_mapping)?;
-        raw_rows("state_cache", args.state_cache.buf, &args.state_cache.desc)?;
+        super::raw::check_ring(args)?;
         self.ring_rows_on(args, stream)
     }
 
@@ -873,13 +752,7 @@ impl HipBackend {
         args: &FusedArgs<'_, RawDevice>,
         stream: *mut c_void,
     ) -> Result<()> {
-        raw_compress_checks(&args.compress)?;
-        raw_index("cache_slot_mapping", &args.cache_slot_mapping)?;
-        raw_insert_tail_checks(
-            &args.cos_sin_cache,
-            (args.kv_cache.buf, &args.kv_cache.desc),
-            &args.fp8_scale,
-        )?;
+        super::raw::check_fused(args)?;
         self.fused_on(args, stream)
     }
 
@@ -1238,52 +1111,6 @@ pub fn probe() -> std::result::Result<String, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn raw_alignment_checks() {
-        let d = TensorDesc::contiguous(crate::tensor::DType::I32, &[4]);
-        let ok = RawDevice {
-            ptr: 0x1000,
-            len: 16,
-        };
-        assert!(raw_aligned("positions", &ok, &d, 4).is_ok());
-        let odd = RawDevice {
-            ptr: 0x1002,
-            len: 16,
-        };
-        assert!(matches!(
-            raw_aligned("positions", &odd, &d, 4),
-            Err(Error::Shape {
-                arg: "positions",
-                ..
-            })
-        ));
-        let null = RawDevice::new(0, 16);
-        assert!(matches!(
-            raw_aligned("positions", &null, &d, 4),
-            Err(Error::Value { .. })
-        ));
-        assert!(raw_aligned("positions", &RawDevice::unbounded(0x1000), &d, 4).is_ok());
-        let rows = TensorDesc::contiguous(crate::tensor::DType::BF16, &[1, 512]).with_offset(16);
-        assert!(raw_rows(
-            "latent",
-            &RawDevice {
-                ptr: 0x2000,
-                len: 4096
-            },
-            &rows
-        )
-        .is_ok());
-        assert!(raw_rows(
-            "latent",
-            &RawDevice {
-                ptr: 0x2008,
-                len: 4096
-            },
-            &rows
-        )
-        .is_err());
-    }
 
     #[test]
     fn versions_decode() {

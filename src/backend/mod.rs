@@ -9,6 +9,9 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
+pub mod raw;
+
+pub use raw::RawDevice;
 
 use crate::error::Result;
 use crate::ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};
