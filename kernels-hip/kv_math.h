@@ -56,39 +56,30 @@ KV_DEVICE float kv_min_nan_ignoring(float a, float b) { return (b < a || a != a)
 
 // copysign(min(|v|, 448), v); NaN -> +448.
 KV_DEVICE float kv_clamp_e4m3(float v) {
-    if (kv_isnan(v)) return 448.0f;
     float a = kv_fabs(v);
-    float m = a < 448.0f ? a : 448.0f;
-    return kv_copysign(m, v);
+    float m = a < 448.0f ? a : 448.0f;  // NaN fails the compare: 448
+    return kv_isnan(v) ? 448.0f : kv_copysign(m, v);
 }
 
-// Largest j with log2(1 + j 2^-23) < 2^-q, for q = 18..25 (see math.rs).
-KV_DEVICE uint32_t kv_log2_rounds_down(int q) {
-    switch (q) {
-        case 18: return 22u;
-        case 19: return 11u;
-        case 20: return 5u;
-        case 21: return 2u;
-        case 22: return 1u;
-        default: return 0u;
-    }
-}
+// Largest j with log2(1 + j 2^-23) < 2^-q, for q = 18..25: 22 >> (q - 18)
+// (math::LOG2_ROUNDS_DOWN, tested equal to it).
+KV_DEVICE uint32_t kv_log2_rounds_down(int q) { return 22u >> (uint32_t)(q - 18); }
 
 // ceil(log2f(x)) for the block scale; returns false for an infinite x.
+// Selects rather than early exits: it sits on every block's critical path.
 KV_DEVICE bool kv_block_scale_exponent(float x, int* out) {
     uint32_t bits = kv_f2u(x);
     int biased = (int)((bits >> 23) & 0xffu);
-    if (biased == 0xff) return false;
     int k = biased - 127;
     uint32_t f = bits & 0x7fffffu;
-    if (f == 0) { *out = k; return true; }
-    if (k == 0) { *out = 1; return true; }
     uint32_t ak = (uint32_t)(k < 0 ? -k : k);
-    int fl = 31 - __builtin_clz(ak);
+    int fl = 31 - __builtin_clz(ak | 1u);  // | 1: k = 0 is decided below
     bool pow2 = (ak & (ak - 1u)) == 0u;
     int q = (k < 0 && pow2) ? 25 - fl : 24 - fl;
-    *out = f <= kv_log2_rounds_down(q) ? k : k + 1;
-    return true;
+    int e = f <= kv_log2_rounds_down(q) ? k : k + 1;
+    e = k == 0 ? 1 : e;
+    *out = f == 0u ? k : e;
+    return biased != 0xff;
 }
 
 KV_DEVICE uint8_t kv_ue8m0_scale_byte(bool finite, int e, bool sanitize) {

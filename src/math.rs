@@ -111,29 +111,25 @@ pub fn clamp_e4m3(v: f32) -> f32 {
 pub fn block_scale_exponent(x: f32) -> Option<i32> {
     let bits = x.to_bits();
     let biased = ((bits >> 23) & 0xff) as i32;
-    if biased == 0xff {
-        return None;
-    }
     let k = biased - 127;
     let f = bits & 0x7f_ffff;
-    if f == 0 {
-        return Some(k);
-    }
-    if k == 0 {
-        return Some(1);
-    }
     let ak = k.unsigned_abs();
-    let fl = 31 - ak.leading_zeros() as i32; // floor(log2 |k|), 0..=6
+    let fl = 31 - (ak | 1).leading_zeros() as i32; // floor(log2 |k|), 0..=6; k = 0 is decided below
     let q = if k < 0 && ak.is_power_of_two() {
         25 - fl
     } else {
         24 - fl
     };
-    if f <= LOG2_ROUNDS_DOWN[q as usize] {
-        Some(k)
-    } else {
-        Some(k + 1)
-    }
+    let e = if f <= log2_rounds_down(q) { k } else { k + 1 };
+    let e = if k == 0 { 1 } else { e };
+    let e = if f == 0 { k } else { e };
+    (biased != 0xff).then_some(e)
+}
+
+/// [`LOG2_ROUNDS_DOWN`]`[q]` as the kernels compute it: `22 >> (q - 18)`.
+#[inline]
+fn log2_rounds_down(q: i32) -> u32 {
+    22 >> (q - 18)
 }
 
 /// `LOG2_ROUNDS_DOWN[q]`: the largest `j` with `log2(1 + j 2^-23) < 2^-q`,
@@ -304,6 +300,13 @@ mod tests {
         let ln2 = std::f64::consts::LN_2;
         assert!((LN2_HI as f64 + LN2_LO as f64 - ln2).abs() < 1e-13);
         assert_eq!(LN2_HI.to_bits() & 0x1ff, 0);
+    }
+
+    #[test]
+    fn log2_shift_is_the_table() {
+        for q in 18..=25 {
+            assert_eq!(log2_rounds_down(q), LOG2_ROUNDS_DOWN[q as usize], "q={q}");
+        }
     }
 
     #[test]
