@@ -11,6 +11,12 @@
 //! `DSV4_KVCACHE_PARITY_CASES` sets the cases per kind and value mix
 //! (default 8: 336 kinds x 4 mixes x 8 = 10,752 random cases).
 
+// Built without both GPU features, the device paths below are compiled out.
+#![cfg_attr(
+    not(all(feature = "cuda", feature = "hip")),
+    allow(dead_code, unused_imports)
+)]
+
 mod common;
 
 use common::{adversarial_cases, all_kinds, random_case, run_case_mut, Case};
