@@ -78,35 +78,29 @@ KV_DEVICE float kv_e4m3_to_f32(uint8_t c) {
 
 // f32(1 / v) for a positive, finite, non-zero e4m3 code (1..0x7E): table of
 // mantissa reciprocals times an exact power of two (see formats::e4m3_recip).
+// Selects, not a switch or an array: each lane holds its own tile's code, so
+// a switch diverges and an array indexed at run time lands in local memory.
 KV_DEVICE float kv_e4m3_recip(uint8_t code) {
     uint32_t e = (code >> 3) & 0xfu;
     uint32_t m = code & 7u;
-    // Switches, not arrays: an array indexed at run time lands in local memory.
-    if (e == 0) {
-        uint32_t bits;
-        switch (m) {
-            case 1: bits = 0x3f800000u; break;
-            case 2: bits = 0x3f000000u; break;
-            case 3: bits = 0x3eaaaaabu; break;
-            case 4: bits = 0x3e800000u; break;
-            case 5: bits = 0x3e4ccccdu; break;
-            case 6: bits = 0x3e2aaaabu; break;
-            default: bits = 0x3e124925u; break;  // 7 (0 is not a scale)
-        }
-        return kv_u2f(bits) * 512.0f;
-    }
-    uint32_t bits;
-    switch (m) {
-        case 0: bits = 0x3f800000u; break;
-        case 1: bits = 0x3f638e39u; break;
-        case 2: bits = 0x3f4ccccdu; break;
-        case 3: bits = 0x3f3a2e8cu; break;
-        case 4: bits = 0x3f2aaaabu; break;
-        case 5: bits = 0x3f1d89d9u; break;
-        case 6: bits = 0x3f124925u; break;
-        default: bits = 0x3f088889u; break;  // 7
-    }
-    return kv_u2f(bits) * kv_pow2(7 - (int)e);
+    // 1 / ((8 + m) / 8) for the normal codes.
+    uint32_t n = 0x3f800000u;
+    n = m == 1u ? 0x3f638e39u : n;
+    n = m == 2u ? 0x3f4ccccdu : n;
+    n = m == 3u ? 0x3f3a2e8cu : n;
+    n = m == 4u ? 0x3f2aaaabu : n;
+    n = m == 5u ? 0x3f1d89d9u : n;
+    n = m == 6u ? 0x3f124925u : n;
+    n = m == 7u ? 0x3f088889u : n;
+    // 1 / m for the subnormal codes (m * 2^-9); m = 0 is not a scale.
+    uint32_t d = 0x3f800000u;
+    d = m == 2u ? 0x3f000000u : d;
+    d = m == 3u ? 0x3eaaaaabu : d;
+    d = m == 4u ? 0x3e800000u : d;
+    d = m == 5u ? 0x3e4ccccdu : d;
+    d = m == 6u ? 0x3e2aaaabu : d;
+    d = m == 7u ? 0x3e124925u : d;
+    return e == 0u ? kv_u2f(d) * 512.0f : kv_u2f(n) * kv_pow2(7 - (int)e);
 }
 
 // e4m3 code of one non-NaN value; a prelude's hardware pair conversion is
@@ -122,13 +116,20 @@ KV_DEVICE uint8_t kv_e4m3_from_f32_nonnan(float x) {
 // FP4 e2m1 code: magnitudes 0,.5,1,1.5,2,3,4,6 -> 0..7, ties to the even
 // code, saturating; bit 3 = sign of q; NaN -> 0.
 KV_DEVICE uint8_t kv_e2m1_from_f32(float q) {
-    uint8_t sign = (uint8_t)((kv_f2u(q) >> 28) & 8u);
+    uint32_t sign = (kv_f2u(q) >> 28) & 8u;
     float m = kv_fabsf(q);
-    // Counts the grid midpoints below m; > or >= is the tie rule. Branch-free:
-    // a data-dependent if-chain diverges across lanes.
-    uint8_t code = (uint8_t)((m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +
-                             (m >= 3.5f) + (m > 5.0f));
-    // A NaN fails every comparison (code 0); it also loses its sign.
-    return (uint8_t)((q != q) ? 0 : (sign | code));
+    // Below 1 the grid is 0, .5, 1: the code is 2m rounded to an integer
+    // (ties to even), read off 2^23 + 2m. From 1 up the codes follow the f32
+    // bits: exponent and top mantissa bit, rounded to nearest even on the
+    // rest, minus 1.0's bits; then saturated at 7.
+    // (2m is exact below 1, so the fma's single rounding is that of the
+    // twin's m * 2 + 2^23; above 1 the value is unused.)
+    uint32_t sub = kv_f2u(kv_fmaf(m, 2.0f, 8388608.0f)) - 0x4b000000u;
+    uint32_t b = kv_f2u(m);
+    uint32_t nrm = ((b + 0x1fffffu + ((b >> 22) & 1u)) >> 22) - 252u;
+    nrm = nrm < 7u ? nrm : 7u;
+    uint32_t code = m < 1.0f ? sub : nrm;
+    // A NaN fails the compare and takes the normal branch; it gets code 0 and
+    // loses its sign.
+    return (uint8_t)((q != q) ? 0u : (sign | code));
 }
-

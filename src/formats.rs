@@ -147,22 +147,26 @@ pub fn e4m3_recip(code: u8) -> f32 {
 #[inline]
 pub fn e2m1_from_f32(q: f32) -> u8 {
     let b = q.to_bits();
-    let a = b & 0x7fff_ffff;
-    if a > 0x7f80_0000 {
-        return 0;
+    let sign = (b >> 28) & 8;
+    let m = f32::from_bits(b & 0x7fff_ffff);
+    // Below 1 the grid is 0, .5, 1: the code is 2m rounded to an integer
+    // (ties to even), read off 2^23 + 2m. From 1 up the codes follow the f32
+    // bits: exponent and top mantissa bit, rounded to nearest even on the
+    // rest, minus 1.0's bits; then saturated at 7. No branch on the value,
+    // like the kernels (kv_e2m1_from_f32).
+    // (2m is exact below 1, so this single rounding equals the kernels' fma.)
+    let sub = (m * 2.0 + 8_388_608.0).to_bits().wrapping_sub(0x4b00_0000);
+    let mb = m.to_bits();
+    let nrm = ((mb + 0x1f_ffff + ((mb >> 22) & 1)) >> 22) - 252;
+    let nrm = nrm.min(7);
+    let code = if m < 1.0 { sub } else { nrm };
+    // A NaN fails the compare and takes the normal branch; it gets code 0
+    // and loses its sign.
+    if q.is_nan() {
+        0
+    } else {
+        (sign | code) as u8
     }
-    let sign = ((b >> 28) & 8) as u8;
-    let m = f32::from_bits(a);
-    // The code counts the grid midpoints below m; `>` or `>=` is the tie
-    // rule (a tie goes to the even code). Branch-free, like the kernels.
-    let code = (m > 0.25) as u8
-        + (m >= 0.75) as u8
-        + (m > 1.25) as u8
-        + (m >= 1.75) as u8
-        + (m > 2.5) as u8
-        + (m >= 3.5) as u8
-        + (m > 5.0) as u8;
-    sign | code
 }
 
 /// FP4 e2m1 code (low 4 bits) → f32.
