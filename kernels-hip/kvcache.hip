@@ -7,7 +7,8 @@
 // kv_shfl_xor with distances below 32, which stays inside an aligned 32-lane
 // group on 32-lane warps and on 64-lane wavefronts, so nothing here depends
 // on the hardware's width. There are no block-wide barriers: a group whose
-// token is skipped simply returns.
+// token is skipped simply returns. The host picks how many groups make a
+// block (src/kernel_abi.rs, geometry) and passes it in the flags word.
 //
 // Every result is bit-identical to the CPU reference (src/reference.rs,
 // src/backend/cpu.rs): the math is in kv_formats.h / kv_math.h, twins of
@@ -98,6 +99,8 @@ struct KvFusedParams {
 #define KV_F_WRITE_LATENT 64u
 #define KV_F_COS_BF16 128u
 #define KV_F_SANITIZE 256u
+// Bits 12..14: log2 of the groups in a block (the host picks the block size).
+#define KV_F_GROUPS_LOG2_SHIFT 12u
 
 #define KV_LAYOUT_V4 0
 #define KV_LAYOUT_MXFP8 1
@@ -110,7 +113,7 @@ struct KvFusedParams {
 #define KV_COUNT_INDEX 2
 
 #define KV_GROUP_LANES 32u
-#define KV_GROUPS_PER_BLOCK 8u
+// The largest block the host launches (src/kernel_abi.rs, BLOCK_THREADS).
 #define KV_BLOCK_THREADS 256
 
 struct alignas(16) kv_u32x4 {
@@ -123,8 +126,12 @@ struct alignas(8) kv_u32x2 {
 // ---- small helpers --------------------------------------------------------
 
 KV_DEVICE unsigned kv_lane() { return kv_tid() & (KV_GROUP_LANES - 1u); }
-KV_DEVICE int64_t kv_group() {
-    return (int64_t)kv_bid() * KV_GROUPS_PER_BLOCK + (int64_t)(kv_tid() / KV_GROUP_LANES);
+// The group's token or request index. The block size comes from the flags
+// word, not the dispatch: it is already in registers, and the block-size
+// query costs scalar registers on AMD.
+KV_DEVICE int64_t kv_group(uint32_t flags) {
+    uint32_t log2 = (flags >> KV_F_GROUPS_LOG2_SHIFT) & 7u;
+    return ((int64_t)kv_bid() << log2) + (int64_t)(kv_tid() / KV_GROUP_LANES);
 }
 
 KV_DEVICE int64_t kv_load_index(const void* p, bool is64, int64_t i) {
@@ -220,12 +227,38 @@ KV_DEVICE void kv_store16b(uint8_t* p, const uint8_t b[16]) {
     *(kv_u32x4*)p = w;
 }
 
+// 16 BF16 kept packed two to a register until used: the norm weights are
+// loaded long before the norm needs them.
+struct KvBf16x16 {
+    uint32_t u[8];
+};
+
+KV_DEVICE void kv_load_bf16x16(const uint16_t* p, KvBf16x16* w) {
+    const kv_u32x4* q = (const kv_u32x4*)p;
+    kv_u32x4 a = q[0], b = q[1];
+    w->u[0] = a.x;
+    w->u[1] = a.y;
+    w->u[2] = a.z;
+    w->u[3] = a.w;
+    w->u[4] = b.x;
+    w->u[5] = b.y;
+    w->u[6] = b.z;
+    w->u[7] = b.w;
+}
+
+// Element j as f32 (little-endian: the even element is the low half).
+KV_DEVICE float kv_bf16x16_get(const KvBf16x16& w, int j) {
+    uint32_t u = w.u[j / 2];
+    return kv_u2f((j & 1) ? (u & 0xffff0000u) : (u << 16));
+}
+
 // ---- the norm: math::sum_squares_512 / inv_rms_512 / norm_scale ----------
 
-// Lane l holds v[16 l .. 16 l + 16): squares folded by halves inside the
-// lane, then a butterfly over the 32 lanes; every lane ends with the sum.
-KV_DEVICE void kv_rms_norm16(const float v[16], const uint16_t* weight, float eps, unsigned lane,
-                             uint16_t out[16]) {
+// Lane l holds v[16 l .. 16 l + 16) and w, its 16 BF16 weights (loaded by
+// the caller with its first reads, not after them): squares folded by halves
+// inside the lane, then a butterfly over the 32 lanes; every lane ends with
+// the sum.
+KV_DEVICE void kv_rms_norm16(const float v[16], const KvBf16x16& w, float eps, uint16_t out[16]) {
     float a[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) a[j] = v[j] * v[j];
@@ -246,10 +279,8 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const uint16_t* weight, float ep
     s = s + kv_shfl_xor(s, 1);
     float var = kv_divf(s, 512.0f);
     float inv = kv_divf(1.0f, kv_sqrtf(var + eps));
-    uint16_t w[16];
-    kv_load16h(weight + 16 * lane, w);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) out[j] = kv_bf16_from_f32((v[j] * inv) * kv_bf16_to_f32(w[j]));
+    for (int j = 0; j < 16; ++j) out[j] = kv_bf16_from_f32((v[j] * inv) * kv_bf16x16_get(w, j));
 }
 
 // ---- rope_quant_insert: one token's record ---------------------------------
@@ -359,10 +390,11 @@ KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t po
     return true;
 }
 
-// Writes token's record from its BF16 latent (the lane's 16 dims).
+// Writes token's record from its BF16 latent (the lane's 16 dims). FP8 rows
+// take the per-tensor scale the caller loaded with its first reads.
 template <int LAYOUT>
 KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t base, unsigned lane,
-                               const uint16_t h[16]) {
+                               const uint16_t h[16], float fp8_scale) {
     const bool sanitize = (p.flags & KV_F_SANITIZE) != 0u;
     float x[16], r[16];
 #pragma unroll
@@ -401,8 +433,10 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
     } else if (LAYOUT == KV_LAYOUT_NVFP4) {
         uint8_t* values = page + row * 256;
         uint8_t* scales = page + p.block_size * 256 + row * 32;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) r[j] = kv_sanitized(r[j], sanitize);
+        // No sanitizing pass: it cannot change an NVFP4 byte. A NaN and the
+        // +0 it would become both give code 0 and both leave the tile's
+        // NaN-ignoring amax alone (an all-NaN tile and an all-zero one both
+        // clamp to the 2^-9 scale). The parity tests cover both settings.
         uint8_t q[8];
         uint8_t sb = kv_quantize_nvfp4_tile(r, q);
         kv_u32x2 w;
@@ -416,7 +450,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         for (int j = 0; j < 16; ++j) o[j] = kv_bf16_from_f32(r[j]);
         kv_store16h((uint16_t*)(page + row * p.row_stride) + 16 * lane, o);
     } else {
-        float inv = kv_divf(1.0f, *p.fp8_scale);
+        float inv = kv_divf(1.0f, fp8_scale);
         uint8_t q[16];
         float c[16];
 #pragma unroll
@@ -426,17 +460,24 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
     }
 }
 
+// FP8 rows' per-tensor scale (the plan guarantees it exists for that layout).
+template <int LAYOUT>
+KV_DEVICE float kv_load_fp8_scale(const KvInsertParams& p) {
+    return LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f;
+}
+
 template <int LAYOUT>
 KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned lane) {
     // The latent row is loaded with the indices (t < n, so it exists): a
     // skipped token costs 1 KB of reads, a written one a round trip less.
     uint16_t h[16];
     kv_load16h(p.latent + t * p.latent_row_stride + 16 * lane, h);
+    float fp8_scale = kv_load_fp8_scale<LAYOUT>(p);
     int64_t slot = kv_load_index(p.slots, (p.flags & KV_F_SLOT_I64) != 0u, t);
     int64_t pos = kv_load_index(p.positions, (p.flags & KV_F_POS_I64) != 0u, t);
     int64_t base;
     if (!kv_insert_check(p, slot, pos, lane, &base)) return;
-    kv_write_record<LAYOUT>(p, slot, base, lane, h);
+    kv_write_record<LAYOUT>(p, slot, base, lane, h, fp8_scale);
 }
 
 // ---- fused_save_compress_norm ----------------------------------------------
@@ -452,20 +493,25 @@ KV_DEVICE void kv_emit_latent(const KvCompressParams& c, const KvInsertParams* i
         // scalar-register limit, and the latent took longer than these loads.
         int64_t slot = kv_load_index(ins->slots, (ins->flags & KV_F_SLOT_I64) != 0u, t);
         if (slot < 0) return;
+        float fp8_scale = kv_load_fp8_scale<LAYOUT>(*ins);
         int64_t pos = kv_load_index(ins->positions, (ins->flags & KV_F_POS_I64) != 0u, t);
         int64_t base;
-        if (kv_insert_check(*ins, slot, pos, lane, &base)) kv_write_record<LAYOUT>(*ins, slot, base, lane, out);
+        if (kv_insert_check(*ins, slot, pos, lane, &base))
+            kv_write_record<LAYOUT>(*ins, slot, base, lane, out, fp8_scale);
     }
 }
 
 template <bool FUSED, int LAYOUT>
 KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t) {
     unsigned lane = kv_lane();
+    // Row, weights and slot in one round trip.
     float v[16];
-    kv_load16f(c.kv_score + t * c.kv_row_stride + 16 * lane, v);  // with the slot: one round trip
+    KvBf16x16 w;
+    kv_load16f(c.kv_score + t * c.kv_row_stride + 16 * lane, v);
+    kv_load_bf16x16(c.weight + 16 * lane, &w);
     if (kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t) < 0) return;
     uint16_t out[16];
-    kv_rms_norm16(v, c.weight, c.eps, lane, out);
+    kv_rms_norm16(v, w, c.eps, out);
     kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out);
 }
 
@@ -501,34 +547,54 @@ KV_DEVICE float kv_pool2_one_exp(float kv0, float s0, float kv1, float s1) {
     return kv_divf(kv0 * w0 + kv1 * w1, w0 + w1);
 }
 
+// The lane's 16 kv and 16 score values of one [kv | score] row.
+struct KvRow16 {
+    float kv[16];
+    float s[16];
+};
+
+KV_DEVICE void kv_load_row16(const float* row, unsigned lane, KvRow16* r) {
+    kv_load16f(row + 16 * lane, r->kv);
+    kv_load16f(row + 512 + 16 * lane, r->s);
+}
+
+KV_DEVICE void kv_store_row16(float* row, unsigned lane, const KvRow16& r) {
+    kv_store16f(row + 16 * lane, r.kv);
+    kv_store16f(row + 512 + 16 * lane, r.s);
+}
+
+// The weights are loaded here, after the pooling, not with the rows: these
+// kernels are limited by how many groups their registers let run at once,
+// and the weights (1 KB, shared by every token) come from cache.
 template <bool ONE_EXP>
-KV_DEVICE void kv_pool_norm(const KvCompressParams& c, const float* older, const float* newer, unsigned lane,
+KV_DEVICE void kv_pool_norm(const KvCompressParams& c, const KvRow16& older, const KvRow16& newer, unsigned lane,
                             uint16_t out[16]) {
-    float kv0[16], s0[16], kv1[16], s1[16], v[16];
-    kv_load16f(older + 16 * lane, kv0);
-    kv_load16f(older + 512 + 16 * lane, s0);
-    kv_load16f(newer + 16 * lane, kv1);
-    kv_load16f(newer + 512 + 16 * lane, s1);
+    float v[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j)
-        v[j] = ONE_EXP ? kv_pool2_one_exp(kv0[j], s0[j], kv1[j], s1[j]) : kv_pool2(kv0[j], s0[j], kv1[j], s1[j]);
-    kv_rms_norm16(v, c.weight, c.eps, lane, out);
+        v[j] = ONE_EXP ? kv_pool2_one_exp(older.kv[j], older.s[j], newer.kv[j], newer.s[j])
+                       : kv_pool2(older.kv[j], older.s[j], newer.kv[j], newer.s[j]);
+    KvBf16x16 w;
+    kv_load_bf16x16(c.weight + 16 * lane, &w);
+    kv_rms_norm16(v, w, c.eps, out);
 }
 
 // CR2 token item: the group that token t closes inside its chunk.
 template <bool FUSED, int LAYOUT>
 KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t) {
     unsigned lane = kv_lane();
-    // Slot and position in one round trip.
+    // Slot, position and request in one round trip (the request index is
+    // read even for tokens the position check then drops: 4 or 8 bytes
+    // against a round trip on every pooled token).
     int64_t slot = kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t);
     int64_t pos = kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t);
+    int64_t r = kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, t);
     if (slot < 0) return;
     if (pos < 0) {
         kv_count(c.counters, KV_COUNT_POS, lane);
         return;
     }
     if ((pos & 1) == 0) return;
-    int64_t r = kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, t);
     if (r < 0 || r >= c.num_reqs) {
         kv_count(c.counters, KV_COUNT_INDEX, lane);
         return;
@@ -542,59 +608,81 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
         return;
     }
     if (t == start) return;  // the request item owns a chunk's first token
+    KvRow16 older, newer;
+    kv_load_row16(c.kv_score + (t - 1) * c.kv_row_stride, lane, &older);
+    kv_load_row16(c.kv_score + t * c.kv_row_stride, lane, &newer);
     uint16_t out[16];
-    kv_pool_norm<!FUSED>(c, c.kv_score + (t - 1) * c.kv_row_stride, c.kv_score + t * c.kv_row_stride, lane, out);
+    kv_pool_norm<!FUSED>(c, older, newer, lane, out);
     kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out);
 }
 
 // CR2 request item: the group the chunk's first token closes with its
-// predecessor (prev_rows or ring), then the ring stores. Reads come before
-// writes in the same lanes over the same dims, so they never race.
+// predecessor (prev_rows or ring), then the ring stores. Each lane reads and
+// writes only its own dims, and a ring row is read before any store that
+// could overwrite it (the same row only when the capacity is 1), so nothing
+// races.
 template <bool FUSED, int LAYOUT>
 KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r) {
     unsigned lane = kv_lane();
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
     bool s64 = (c.flags & KV_F_SLOT_I64) != 0u;
-    int64_t start = kv_load_index(c.qsl, q64, r);
-    int64_t end = kv_load_index(c.qsl, q64, r + 1);
-    if (end > c.n) end = c.n;
-    if (start < 0 || start >= end) return;
+    const bool has_prev = (c.flags & KV_F_HAS_PREV) != 0u;
+    // The chunk and the prev_rows index in one round trip.
+    int64_t start64 = kv_load_index(c.qsl, q64, r);
+    int64_t end64 = kv_load_index(c.qsl, q64, r + 1);
+    int64_t j = has_prev ? kv_load_index(c.prev_idx, (c.flags & KV_F_PRI_I64) != 0u, r) : -1;
+    if (end64 > c.n) end64 = c.n;
+    if (start64 < 0 || start64 >= end64) return;
+    // Now 0 <= start < end <= n < 2^31: 32-bit from here on (registers).
+    const int32_t start = (int32_t)start64;
+    const int32_t end = (int32_t)end64;
     int64_t slot_f = kv_load_index(c.slots, s64, start);
-    if (slot_f < 0) return;
     int64_t pos = kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, start);
     int64_t owner = kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, start);
+    if (slot_f < 0) return;
     const int64_t cap = c.ring_capacity;
+    int64_t row_f;
+    int64_t blk_f = kv_divmod(slot_f, cap, &row_f);
+    const float* older = 0;
     if (pos >= 0 && (pos & 1) == 1 && owner == r) {
-        const float* older = 0;
-        bool counted = false;
-        int64_t j = (c.flags & KV_F_HAS_PREV) ? kv_load_index(c.prev_idx, (c.flags & KV_F_PRI_I64) != 0u, r) : -1;
         if (j >= 0) {
             if (j >= c.prev_rows_n) {
                 kv_count(c.counters, KV_COUNT_INDEX, lane);
-                counted = true;
             } else {
                 older = c.prev_rows + j * c.prev_row_stride;
             }
         } else {
-            int64_t unused, prow;
-            int64_t blk = kv_divmod(slot_f, cap, &unused);
+            int64_t prow;
             kv_divmod(pos - 1, cap, &prow);
-            if (blk >= c.ring_blocks) {
+            if (blk_f >= c.ring_blocks) {
                 kv_count(c.counters, KV_COUNT_SLOT, lane);
-                counted = true;
             } else {
-                older = c.ring + blk * c.ring_block_stride + prow * c.ring_row_stride;
+                older = c.ring + blk_f * c.ring_block_stride + prow * c.ring_row_stride;
             }
         }
-        if (!counted) {
-            uint16_t out[16];
-            kv_pool_norm<!FUSED>(c, older, c.kv_score + start * c.kv_row_stride, lane, out);
-            kv_emit_latent<FUSED, LAYOUT>(c, ins, start, lane, out);
+    }
+    // The first token's row and the older row in one round trip. The first
+    // row is the newer half of the pooled group and, in a chunk no longer
+    // than the ring, a ring store: that one goes out from registers, after
+    // the older row's read.
+    KvRow16 first, prev;
+    kv_load_row16(c.kv_score + (int64_t)start * c.kv_row_stride, lane, &first);
+    if (older) kv_load_row16(older, lane, &prev);
+    const int32_t from = end - c.ring_capacity > start ? end - c.ring_capacity : start;
+    if (!has_prev && from == start) {
+        if (blk_f >= c.ring_blocks) {
+            kv_count(c.counters, KV_COUNT_SLOT, lane);
+        } else {
+            kv_store_row16(c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride, lane, first);
         }
     }
-    if (c.flags & KV_F_HAS_PREV) return;
-    int64_t from = end - cap > start ? end - cap : start;
-    for (int64_t u = from; u < end; ++u) {
+    if (older) {
+        uint16_t out[16];
+        kv_pool_norm<!FUSED>(c, prev, first, lane, out);
+        kv_emit_latent<FUSED, LAYOUT>(c, ins, start, lane, out);
+    }
+    if (has_prev) return;
+    for (int32_t u = from == start ? start + 1 : from; u < end; ++u) {
         int64_t slot = kv_load_index(c.slots, s64, u);
         if (slot < 0) continue;
         int64_t row;
@@ -603,7 +691,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
             kv_count(c.counters, KV_COUNT_SLOT, lane);
             continue;
         }
-        const float* src = c.kv_score + u * c.kv_row_stride;
+        const float* src = c.kv_score + (int64_t)u * c.kv_row_stride;
         float* dst = c.ring + blk * c.ring_block_stride + row * c.ring_row_stride;
         float v[16];
         kv_load16f(src + 16 * lane, v);
@@ -615,7 +703,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
 
 template <bool FUSED, int LAYOUT>
 KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins, int cr) {
-    int64_t g = kv_group();
+    int64_t g = kv_group(c.flags);
     if (cr == 1) {
         if (g < c.n) kv_compress_cr1_item<FUSED, LAYOUT>(c, ins, g);
         return;
@@ -638,7 +726,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2(const KvCompre
 }
 
 KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRingRowsParams p) {
-    int64_t i = kv_group();
+    int64_t i = kv_group(p.flags);
     if (i >= p.n) return;
     unsigned lane = kv_lane();
     int64_t slot = kv_load_index(p.slots, (p.flags & KV_F_SLOT_I64) != 0u, i);
@@ -660,7 +748,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRing
 
 #define KV_INSERT_KERNEL(name, LAYOUT)                                              \
     KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
-        int64_t t = kv_group();                                                     \
+        int64_t t = kv_group(p.flags);                                              \
         if (t < p.n) kv_insert_token<LAYOUT>(p, t, kv_lane());                      \
     }
 

@@ -4,8 +4,9 @@
 //! launch geometry.
 //!
 //! Every kernel takes one parameter block by value. A token (or a request)
-//! is handled by a group of [`GROUP_LANES`] threads; [`GROUPS_PER_BLOCK`]
-//! groups make a block. The kernels never assume a warp or wavefront width:
+//! is handled by a group of [`GROUP_LANES`] threads; [`geometry`] picks how
+//! many groups make a block and tells the kernel through the flags word
+//! ([`KernelParams::with_geometry`]). The kernels never assume a warp or wavefront width:
 //! a group's lanes exchange values only with xor-butterflies of distance
 //! below 32, which stay inside one aligned 32-lane group on 32-lane warps and
 //! on 64-lane wavefronts alike.
@@ -15,10 +16,16 @@ use crate::ops::{CompressPlan, FusedPlan, IndexPlan, InsertPlan, RingRowsPlan};
 
 /// Threads that handle one token.
 pub const GROUP_LANES: u32 = 32;
-/// Token groups per block.
-pub const GROUPS_PER_BLOCK: u32 = 8;
-/// Threads per block.
-pub const BLOCK_THREADS: u32 = GROUP_LANES * GROUPS_PER_BLOCK;
+/// Token groups per block of a large launch (measured on the H200: 4 beat 8
+/// for every kernel at 65536 tokens).
+pub const GROUPS_PER_BLOCK: u32 = 4;
+/// Token groups per block of a small (decode-size) launch: one AMD
+/// wavefront, two NVIDIA warps.
+pub const SMALL_GROUPS_PER_BLOCK: u32 = 2;
+/// Launches of at most this many groups use [`SMALL_GROUPS_PER_BLOCK`].
+pub const SMALL_LAUNCH_ITEMS: u64 = 2048;
+/// The most threads per block any kernel is built for (its launch bounds).
+pub const BLOCK_THREADS: u32 = 256;
 /// Skip counters a kernel may increment: slot, position, index.
 pub const NUM_COUNTERS: usize = 3;
 
@@ -97,6 +104,13 @@ pub mod flags {
     pub const COS_BF16: u32 = 128;
     /// NaN sanitizing.
     pub const SANITIZE: u32 = 256;
+    /// Bits 12..14: log2 of the groups per block (set at launch by
+    /// [`super::KernelParams::with_geometry`]).
+    pub const GROUPS_LOG2_SHIFT: u32 = 12;
+    /// Mask of the groups-per-block field.
+    pub const GROUPS_LOG2_MASK: u32 = 7 << GROUPS_LOG2_SHIFT;
+    // Every other flag sits below the field.
+    const _: () = assert!(SANITIZE < 1 << GROUPS_LOG2_SHIFT);
 }
 
 /// `KvCompressParams`. Pointers are device addresses; strides in elements.
@@ -379,9 +393,86 @@ pub fn fused_params(
     FusedParams { compress, insert }
 }
 
-/// Blocks for `items` groups (one token or request each); at least 1.
-pub fn grid_for_items(items: u64) -> u32 {
-    items.div_ceil(GROUPS_PER_BLOCK as u64).max(1) as u32
+/// The shape of one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Blocks in the grid (at least 1).
+    pub grid: u32,
+    /// Threads per block: a multiple of 64, so a block is whole AMD wavefronts.
+    pub block_threads: u32,
+    /// log2 of the groups per block (the kernel's group index is
+    /// `block << log2 | thread / 32`).
+    pub groups_log2: u32,
+}
+
+/// Launch shape for `items` groups (one token or request each).
+///
+/// Small launches use blocks of [`SMALL_GROUPS_PER_BLOCK`] groups so that a
+/// decode step's few tokens land on separate SMs / CUs instead of queueing on
+/// the schedulers of one; large ones use [`GROUPS_PER_BLOCK`]. The
+/// environment variable `DSV4_KVCACHE_GROUPS_PER_BLOCK` (2, 4 or 8) forces
+/// one size, for benchmarking.
+pub fn geometry(items: u64) -> Geometry {
+    let gpb = forced_groups_per_block().unwrap_or(if items <= SMALL_LAUNCH_ITEMS {
+        SMALL_GROUPS_PER_BLOCK
+    } else {
+        GROUPS_PER_BLOCK
+    });
+    Geometry {
+        grid: items.div_ceil(gpb as u64).max(1) as u32,
+        block_threads: GROUP_LANES * gpb,
+        groups_log2: gpb.trailing_zeros(),
+    }
+}
+
+fn forced_groups_per_block() -> Option<u32> {
+    static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        std::env::var("DSV4_KVCACHE_GROUPS_PER_BLOCK")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .filter(|g| matches!(g, 2 | 4 | 8))
+    })
+}
+
+/// A kernel parameter block: carries the launch's groups-per-block in its
+/// flags word, since the kernels derive a group's index from it.
+pub trait KernelParams: Copy {
+    /// `self` with `g`'s groups-per-block field set.
+    fn with_geometry(self, g: &Geometry) -> Self;
+}
+
+fn set_groups(flags: u32, g: &Geometry) -> u32 {
+    (flags & !flags::GROUPS_LOG2_MASK) | (g.groups_log2 << flags::GROUPS_LOG2_SHIFT)
+}
+
+impl KernelParams for CompressParams {
+    fn with_geometry(mut self, g: &Geometry) -> Self {
+        self.flags = set_groups(self.flags, g);
+        self
+    }
+}
+
+impl KernelParams for InsertParams {
+    fn with_geometry(mut self, g: &Geometry) -> Self {
+        self.flags = set_groups(self.flags, g);
+        self
+    }
+}
+
+impl KernelParams for RingRowsParams {
+    fn with_geometry(mut self, g: &Geometry) -> Self {
+        self.flags = set_groups(self.flags, g);
+        self
+    }
+}
+
+impl KernelParams for FusedParams {
+    // The fused kernels index groups from the compress block's flags.
+    fn with_geometry(mut self, g: &Geometry) -> Self {
+        self.compress = self.compress.with_geometry(g);
+        self
+    }
 }
 
 /// Groups a compress (or fused) launch needs: CR2 adds one per request.
@@ -415,5 +506,72 @@ mod tests {
             assert!(fused_kernel(2, l).starts_with("kv_fused_cr2_"));
             assert!(fused_kernel(2, l).ends_with(insert_kernel(l).trim_start_matches("kv_insert_")));
         }
+    }
+
+    #[test]
+    fn geometry_covers_every_item_with_whole_wavefronts() {
+        if forced_groups_per_block().is_some() {
+            eprintln!("DSV4_KVCACHE_GROUPS_PER_BLOCK is set: geometry defaults not checked");
+            return;
+        }
+        for items in [0u64, 1, 2, 3, 16, 2047, 2048, 2049, 65536, 1 << 24] {
+            let g = geometry(items);
+            let gpb = 1u64 << g.groups_log2;
+            assert_eq!(g.block_threads as u64, gpb * GROUP_LANES as u64);
+            assert_eq!(
+                g.block_threads % 64,
+                0,
+                "a block is whole 64-lane wavefronts"
+            );
+            assert!(
+                g.block_threads <= BLOCK_THREADS,
+                "kernels are built for at most {BLOCK_THREADS}"
+            );
+            assert!(g.grid >= 1);
+            // Every item has a group, and no block is wholly idle.
+            assert!(g.grid as u64 * gpb >= items);
+            assert!((g.grid as u64 - 1) * gpb < items.max(1));
+            let small = items <= SMALL_LAUNCH_ITEMS;
+            assert_eq!(
+                gpb,
+                if small {
+                    SMALL_GROUPS_PER_BLOCK
+                } else {
+                    GROUPS_PER_BLOCK
+                } as u64
+            );
+        }
+    }
+
+    #[test]
+    fn geometry_lands_in_the_flags_word_only() {
+        let g = Geometry {
+            grid: 3,
+            block_threads: 128,
+            groups_log2: 2,
+        };
+        let p = InsertParams {
+            flags: flags::SANITIZE | flags::COS_BF16 | flags::GROUPS_LOG2_MASK,
+            n: 5,
+            ..Default::default()
+        };
+        let q = p.with_geometry(&g);
+        assert_eq!(
+            q.flags,
+            flags::SANITIZE | flags::COS_BF16 | (2 << flags::GROUPS_LOG2_SHIFT)
+        );
+        assert_eq!(
+            InsertParams {
+                flags: p.flags,
+                ..q
+            },
+            p
+        );
+        let f = FusedParams {
+            compress: CompressParams::default(),
+            insert: InsertParams::default(),
+        }
+        .with_geometry(&g);
+        assert_eq!(f.compress.flags >> flags::GROUPS_LOG2_SHIFT, 2);
     }
 }

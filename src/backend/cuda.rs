@@ -26,8 +26,8 @@
 //! Every launch validates its arguments with the shared `plan_*` functions,
 //! builds the `#[repr(C)]` parameter block of [`crate::kernel_abi`] from the
 //! buffers' device addresses and passes it by value as the kernel's single
-//! argument: `grid_for_items(items)` blocks of [`BLOCK_THREADS`] threads, no
-//! dynamic shared memory, on the backend's stream. A launch allocates nothing,
+//! argument, in the shape [`kernel_abi::geometry`] picks for the launch's
+//! groups (small blocks at decode sizes), no dynamic shared memory, on the backend's stream. A launch allocates nothing,
 //! copies nothing between host and device and never waits for the device, so
 //! launches can be captured into a CUDA graph ([`CudaBackend::capture`],
 //! [`CudaBackend::time_graph`]). A launch with no token (`N == 0`) launches
@@ -42,7 +42,7 @@ use super::Backend;
 use crate::error::{Error, Result};
 use crate::kernel_abi::{
     self, compress_items, compress_kernel, fused_kernel, insert_kernel, CompressPtrs, InsertPtrs,
-    BLOCK_THREADS, KERNEL_NAMES, NUM_COUNTERS,
+    KernelParams, KERNEL_NAMES, NUM_COUNTERS,
 };
 use crate::kernels;
 use crate::ops::{
@@ -723,7 +723,7 @@ impl CudaBackend {
     /// `params` must be the parameter block `kernel` expects, and every
     /// address in it must be valid device memory of this context for the
     /// extents the plan it came from describes, until the kernel has run.
-    unsafe fn launch<P: Copy>(
+    unsafe fn launch<P: KernelParams>(
         &self,
         kernel: &'static str,
         items: u64,
@@ -732,11 +732,13 @@ impl CudaBackend {
     ) -> Result<()> {
         let f = self.function(kernel)?;
         self.bind()?;
-        let mut args = [params as *const P as *mut c_void];
+        let g = kernel_abi::geometry(items);
+        let block = params.with_geometry(&g);
+        let mut args = [&block as *const P as *mut c_void];
         cu::launch_kernel(
             f,
-            (kernel_abi::grid_for_items(items), 1, 1),
-            (BLOCK_THREADS, 1, 1),
+            (g.grid, 1, 1),
+            (g.block_threads, 1, 1),
             0,
             stream,
             &mut args,

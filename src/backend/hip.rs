@@ -38,8 +38,8 @@
 //!
 //! Every launch validates its arguments with [`crate::ops`], builds the
 //! kernel's parameter block with [`crate::kernel_abi`], and calls
-//! `hipModuleLaunchKernel` with grid [`grid_for_items`], block
-//! [`BLOCK_THREADS`] and the parameter block by value as the only kernel
+//! `hipModuleLaunchKernel` in the shape [`geometry`] picks (small blocks at
+//! decode sizes) with the parameter block by value as the only kernel
 //! argument, on the backend's stream (or the caller's, in the `*_raw`
 //! functions). Nothing is allocated and nothing waits inside a launch, so
 //! launches can be captured in a HIP graph ([`HipBackend::capture`]).
@@ -51,8 +51,8 @@ use super::Backend;
 use crate::detect::{sanitize_for, AmdArch, SanitizePolicy};
 use crate::error::{Error, Result};
 use crate::kernel_abi::{
-    compress_items, compress_kernel, compress_params, fused_kernel, fused_params, grid_for_items,
-    insert_kernel, insert_params, ring_rows_params, CompressPtrs, InsertPtrs, BLOCK_THREADS,
+    compress_items, compress_kernel, compress_params, fused_kernel, fused_params, geometry,
+    insert_kernel, insert_params, ring_rows_params, CompressPtrs, InsertPtrs, KernelParams,
     KERNEL_NAMES, NUM_COUNTERS,
 };
 use crate::ops::{
@@ -580,7 +580,7 @@ impl HipBackend {
     /// # Safety
     /// The addresses in `params` must be valid device memory for the kernel's
     /// accesses, and `stream` a stream of this device (or null).
-    unsafe fn launch<P: Copy>(
+    unsafe fn launch<P: KernelParams>(
         &self,
         kernel: &'static str,
         items: u64,
@@ -592,14 +592,15 @@ impl HipBackend {
         // the calling thread's current device: make that ours (a
         // thread-local setting; it neither allocates nor waits).
         self.select_device()?;
-        let mut block = *params;
+        let g = geometry(items);
+        let mut block = params.with_geometry(&g);
         let mut args = [&mut block as *mut P as *mut c_void];
         let code = (self.api.module_launch_kernel)(
             f,
-            grid_for_items(items),
+            g.grid,
             1,
             1,
-            BLOCK_THREADS,
+            g.block_threads,
             1,
             1,
             0,
