@@ -341,7 +341,7 @@ KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, b
     float mult = kv_block_scale_multiplier(finite, e);
     float c[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) c[j] = kv_clamp_e4m3(q[j] * mult);
+    for (int j = 0; j < 16; ++j) c[j] = kv_e4m3_nan_to_max(q[j] * mult);
     kv_e4m3_from_f32_x16(c, out);
     return kv_ue8m0_scale_byte(finite, e, sanitize);
 }
@@ -454,7 +454,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         uint8_t q[16];
         float c[16];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) c[j] = kv_clamp_e4m3(kv_bf16_to_f32(kv_bf16_from_f32(r[j])) * inv);
+        for (int j = 0; j < 16; ++j) c[j] = kv_e4m3_nan_to_max(kv_bf16_to_f32(kv_bf16_from_f32(r[j])) * inv);
         kv_e4m3_from_f32_x16(c, q);
         kv_store16b(page + row * p.row_stride + 16 * lane, q);
     }

@@ -307,6 +307,24 @@ fn e4m3_encode_every_f32_against_float8() {
     assert_eq!(e4m3_from_f32(-f32::NAN), 0x7f);
 }
 
+/// The kernels encode `e4m3_nan_to_max(v)` where the reference (and the
+/// spec) encode `clamp_e4m3(v)`: the same byte for all 2^32 inputs, since the
+/// encoder saturates by itself.
+#[test]
+fn e4m3_of_nan_to_max_equals_e4m3_of_clamp_on_every_f32() {
+    use dsv4_kvcache::math::{clamp_e4m3, e4m3_nan_to_max};
+    let bad = find_bits(0, 1 << 32, |b| {
+        let x = f32::from_bits(b);
+        e4m3_from_f32(e4m3_nan_to_max(x)) != e4m3_from_f32(clamp_e4m3(x))
+    });
+    assert_eq!(
+        bad,
+        None,
+        "first disagreement at {:#010x}",
+        bad.unwrap_or(0)
+    );
+}
+
 // ---- e2m1 -------------------------------------------------------------------------
 
 const E2M1: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
