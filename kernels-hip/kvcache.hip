@@ -547,42 +547,116 @@ KV_DEVICE float kv_pool2_one_exp(float kv0, float s0, float kv1, float s1) {
     return kv_divf(kv0 * w0 + kv1 * w1, w0 + w1);
 }
 
-// The lane's 16 kv and 16 score values of one [kv | score] row.
-struct KvRow16 {
-    float kv[16];
-    float s[16];
+// ---- CR2 items, alone or in teams -----------------------------------------
+//
+// A CR2 item's pooling (an exp and an IEEE division per dim) is a long
+// dependent chain per lane, and at decode sizes, with one item per SM, that
+// chain is most of the kernel's time. Small launches therefore give each item
+// a team of KV_CR2_TEAM groups (one block): lane l of group g pools the
+// KV_CR2_TEAM-th part of lane l's 16 dims, the pooled values meet in shared
+// memory, and group 0 norms and emits them exactly as a lone group does (the
+// sum order of the norm is unchanged). TEAM = 1 is the lone group.
+
+#define KV_CR2_TEAM 4
+
+// A lane's part (N = 16 / TEAM dims) of the kv and score halves of a row.
+template <int N>
+struct KvRowPart {
+    float kv[N];
+    float s[N];
 };
 
-KV_DEVICE void kv_load_row16(const float* row, unsigned lane, KvRow16* r) {
-    kv_load16f(row + 16 * lane, r->kv);
-    kv_load16f(row + 512 + 16 * lane, r->s);
+template <int N>
+KV_DEVICE void kv_loadNf(const float* p, float v[N]) {
+    const kv_u32x4* q = (const kv_u32x4*)p;
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        kv_u32x4 w = q[i];
+        v[4 * i + 0] = kv_u2f(w.x);
+        v[4 * i + 1] = kv_u2f(w.y);
+        v[4 * i + 2] = kv_u2f(w.z);
+        v[4 * i + 3] = kv_u2f(w.w);
+    }
 }
 
-KV_DEVICE void kv_store_row16(float* row, unsigned lane, const KvRow16& r) {
-    kv_store16f(row + 16 * lane, r.kv);
-    kv_store16f(row + 512 + 16 * lane, r.s);
+template <int N>
+KV_DEVICE void kv_storeNf(float* p, const float v[N]) {
+    kv_u32x4* q = (kv_u32x4*)p;
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        kv_u32x4 w;
+        w.x = kv_f2u(v[4 * i + 0]);
+        w.y = kv_f2u(v[4 * i + 1]);
+        w.z = kv_f2u(v[4 * i + 2]);
+        w.w = kv_f2u(v[4 * i + 3]);
+        q[i] = w;
+    }
 }
 
-// The weights are loaded here, after the pooling, not with the rows: these
+// Where a team lane's part starts in a 512-dim half: lane l owns dims
+// [16 l, 16 l + 16), and group g of the team the g-th N of them.
+struct KvTeamLane {
+    unsigned g;  // group in the team
+    unsigned l;  // lane in the group
+};
+
+template <int TEAM>
+KV_DEVICE unsigned kv_part_offset(KvTeamLane tl) {
+    return 16u * tl.l + (16u / TEAM) * tl.g;
+}
+
+// Counts once per item (team lane 0).
+KV_DEVICE void kv_team_count(unsigned* counters, int which, KvTeamLane tl) {
+    if (tl.g == 0u) kv_count(counters, which, tl.l);
+}
+
+template <int TEAM>
+KV_DEVICE void kv_load_row_part(const float* row, KvTeamLane tl, KvRowPart<16 / TEAM>* r) {
+    unsigned o = kv_part_offset<TEAM>(tl);
+    kv_loadNf<16 / TEAM>(row + o, r->kv);
+    kv_loadNf<16 / TEAM>(row + 512 + o, r->s);
+}
+
+template <int TEAM>
+KV_DEVICE void kv_store_row_part(float* row, KvTeamLane tl, const KvRowPart<16 / TEAM>& r) {
+    unsigned o = kv_part_offset<TEAM>(tl);
+    kv_storeNf<16 / TEAM>(row + o, r.kv);
+    kv_storeNf<16 / TEAM>(row + 512 + o, r.s);
+}
+
+// Pools (older, newer) over the team, then group 0 norms and emits the latent
+// of token t. A team meets at one barrier, so every lane of the block must
+// call this (the callers' conditions are the same for the whole item).
+// The weights are loaded after the pooling, not with the rows: the CR2
 // kernels are limited by how many groups their registers let run at once,
 // and the weights (1 KB, shared by every token) come from cache.
-template <bool ONE_EXP>
-KV_DEVICE void kv_pool_norm(const KvCompressParams& c, const KvRow16& older, const KvRow16& newer, unsigned lane,
-                            uint16_t out[16]) {
+template <bool FUSED, int LAYOUT, int TEAM>
+KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
+                                 const KvRowPart<16 / TEAM>& older, const KvRowPart<16 / TEAM>& newer,
+                                 float* pooled) {
+    constexpr int N = 16 / TEAM;
     float v[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
-        v[j] = ONE_EXP ? kv_pool2_one_exp(older.kv[j], older.s[j], newer.kv[j], newer.s[j])
-                       : kv_pool2(older.kv[j], older.s[j], newer.kv[j], newer.s[j]);
+    for (int j = 0; j < N; ++j)
+        v[j] = !FUSED ? kv_pool2_one_exp(older.kv[j], older.s[j], newer.kv[j], newer.s[j])
+                      : kv_pool2(older.kv[j], older.s[j], newer.kv[j], newer.s[j]);
+    if (TEAM > 1) {
+        kv_storeNf<N>(pooled + kv_part_offset<TEAM>(tl), v);
+        kv_sync();
+        if (tl.g != 0u) return;
+        kv_load16f(pooled + 16u * tl.l, v);
+    }
     KvBf16x16 w;
-    kv_load_bf16x16(c.weight + 16 * lane, &w);
+    kv_load_bf16x16(c.weight + 16 * tl.l, &w);
+    uint16_t out[16];
     kv_rms_norm16(v, w, c.eps, out);
+    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, tl.l, out);
 }
 
 // CR2 token item: the group that token t closes inside its chunk.
-template <bool FUSED, int LAYOUT>
-KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t) {
-    unsigned lane = kv_lane();
+template <bool FUSED, int LAYOUT, int TEAM>
+KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
+                                 float* pooled) {
     // Slot, position and request in one round trip (the request index is
     // read even for tokens the position check then drops: 4 or 8 bytes
     // against a round trip on every pooled token).
@@ -591,12 +665,12 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     int64_t r = kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, t);
     if (slot < 0) return;
     if (pos < 0) {
-        kv_count(c.counters, KV_COUNT_POS, lane);
+        kv_team_count(c.counters, KV_COUNT_POS, tl);
         return;
     }
     if ((pos & 1) == 0) return;
     if (r < 0 || r >= c.num_reqs) {
-        kv_count(c.counters, KV_COUNT_INDEX, lane);
+        kv_team_count(c.counters, KV_COUNT_INDEX, tl);
         return;
     }
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
@@ -604,16 +678,14 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     int64_t end = kv_load_index(c.qsl, q64, r + 1);
     // start < 0: a malformed chunk; t - 1 below would read before kv_score.
     if (start < 0 || !(start <= t && t < end)) {
-        kv_count(c.counters, KV_COUNT_INDEX, lane);
+        kv_team_count(c.counters, KV_COUNT_INDEX, tl);
         return;
     }
     if (t == start) return;  // the request item owns a chunk's first token
-    KvRow16 older, newer;
-    kv_load_row16(c.kv_score + (t - 1) * c.kv_row_stride, lane, &older);
-    kv_load_row16(c.kv_score + t * c.kv_row_stride, lane, &newer);
-    uint16_t out[16];
-    kv_pool_norm<!FUSED>(c, older, newer, lane, out);
-    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out);
+    KvRowPart<16 / TEAM> older, newer;
+    kv_load_row_part<TEAM>(c.kv_score + (t - 1) * c.kv_row_stride, tl, &older);
+    kv_load_row_part<TEAM>(c.kv_score + t * c.kv_row_stride, tl, &newer);
+    kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, t, tl, older, newer, pooled);
 }
 
 // CR2 request item: the group the chunk's first token closes with its
@@ -621,9 +693,9 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
 // writes only its own dims, and a ring row is read before any store that
 // could overwrite it (the same row only when the capacity is 1), so nothing
 // races.
-template <bool FUSED, int LAYOUT>
-KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r) {
-    unsigned lane = kv_lane();
+template <bool FUSED, int LAYOUT, int TEAM>
+KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
+                                   float* pooled) {
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
     bool s64 = (c.flags & KV_F_SLOT_I64) != 0u;
     const bool has_prev = (c.flags & KV_F_HAS_PREV) != 0u;
@@ -647,7 +719,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
     if (pos >= 0 && (pos & 1) == 1 && owner == r) {
         if (j >= 0) {
             if (j >= c.prev_rows_n) {
-                kv_count(c.counters, KV_COUNT_INDEX, lane);
+                kv_team_count(c.counters, KV_COUNT_INDEX, tl);
             } else {
                 older = c.prev_rows + j * c.prev_row_stride;
             }
@@ -655,7 +727,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
             int64_t prow;
             kv_divmod(pos - 1, cap, &prow);
             if (blk_f >= c.ring_blocks) {
-                kv_count(c.counters, KV_COUNT_SLOT, lane);
+                kv_team_count(c.counters, KV_COUNT_SLOT, tl);
             } else {
                 older = c.ring + blk_f * c.ring_block_stride + prow * c.ring_row_stride;
             }
@@ -665,39 +737,36 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
     // row is the newer half of the pooled group and, in a chunk no longer
     // than the ring, a ring store: that one goes out from registers, after
     // the older row's read.
-    KvRow16 first, prev;
-    kv_load_row16(c.kv_score + (int64_t)start * c.kv_row_stride, lane, &first);
-    if (older) kv_load_row16(older, lane, &prev);
+    KvRowPart<16 / TEAM> first, prev;
+    kv_load_row_part<TEAM>(c.kv_score + (int64_t)start * c.kv_row_stride, tl, &first);
+    if (older) kv_load_row_part<TEAM>(older, tl, &prev);
     const int32_t from = end - c.ring_capacity > start ? end - c.ring_capacity : start;
     if (!has_prev && from == start) {
         if (blk_f >= c.ring_blocks) {
-            kv_count(c.counters, KV_COUNT_SLOT, lane);
+            kv_team_count(c.counters, KV_COUNT_SLOT, tl);
         } else {
-            kv_store_row16(c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride, lane, first);
+            kv_store_row_part<TEAM>(c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride, tl, first);
         }
     }
     if (older) {
-        uint16_t out[16];
-        kv_pool_norm<!FUSED>(c, prev, first, lane, out);
-        kv_emit_latent<FUSED, LAYOUT>(c, ins, start, lane, out);
+        kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start, tl, prev, first, pooled);
+        // Group 0 goes on alone; the other groups are done with the pooling.
     }
     if (has_prev) return;
+    // The team's other groups still copy their parts of the ring rows: they
+    // returned from kv_pool_norm_emit above, not from this item.
     for (int32_t u = from == start ? start + 1 : from; u < end; ++u) {
         int64_t slot = kv_load_index(c.slots, s64, u);
         if (slot < 0) continue;
         int64_t row;
         int64_t blk = kv_divmod(slot, cap, &row);
         if (blk >= c.ring_blocks) {
-            kv_count(c.counters, KV_COUNT_SLOT, lane);
+            kv_team_count(c.counters, KV_COUNT_SLOT, tl);
             continue;
         }
-        const float* src = c.kv_score + (int64_t)u * c.kv_row_stride;
-        float* dst = c.ring + blk * c.ring_block_stride + row * c.ring_row_stride;
-        float v[16];
-        kv_load16f(src + 16 * lane, v);
-        kv_store16f(dst + 16 * lane, v);
-        kv_load16f(src + 512 + 16 * lane, v);
-        kv_store16f(dst + 512 + 16 * lane, v);
+        KvRowPart<16 / TEAM> v;
+        kv_load_row_part<TEAM>(c.kv_score + (int64_t)u * c.kv_row_stride, tl, &v);
+        kv_store_row_part<TEAM>(c.ring + blk * c.ring_block_stride + row * c.ring_row_stride, tl, v);
     }
 }
 
@@ -708,10 +777,26 @@ KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins,
         if (g < c.n) kv_compress_cr1_item<FUSED, LAYOUT>(c, ins, g);
         return;
     }
+    KvTeamLane tl = {0u, kv_lane()};
     if (g < c.num_reqs) {
-        kv_cr2_request_item<FUSED, LAYOUT>(c, ins, g);
+        kv_cr2_request_item<FUSED, LAYOUT, 1>(c, ins, g, tl, 0);
     } else if (g - c.num_reqs < c.n) {
-        kv_cr2_token_item<FUSED, LAYOUT>(c, ins, g - c.num_reqs);
+        kv_cr2_token_item<FUSED, LAYOUT, 1>(c, ins, g - c.num_reqs, tl, 0);
+    }
+}
+
+// One CR2 item per block of KV_CR2_TEAM groups (see "CR2 items, alone or in
+// teams"). Every lane of the block handles the same item, so the control flow
+// up to the team's barrier is the same for all of them.
+template <bool FUSED, int LAYOUT>
+KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
+    KV_SHARED float pooled[512];
+    int64_t item = kv_bid();
+    KvTeamLane tl = {kv_tid() / KV_GROUP_LANES, kv_lane()};
+    if (item < c.num_reqs) {
+        kv_cr2_request_item<FUSED, LAYOUT, KV_CR2_TEAM>(c, ins, item, tl, pooled);
+    } else if (item - c.num_reqs < c.n) {
+        kv_cr2_token_item<FUSED, LAYOUT, KV_CR2_TEAM>(c, ins, item - c.num_reqs, tl, pooled);
     }
 }
 
@@ -723,6 +808,10 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr1(const KvCompre
 
 KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2(const KvCompressParams c) {
     kv_compress<false, 0>(c, 0, 2);
+}
+
+KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2_team(const KvCompressParams c) {
+    kv_compress_cr2_team<false, 0>(c, 0);
 }
 
 KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRingRowsParams p) {
@@ -773,3 +862,14 @@ KV_FUSED_KERNEL(kv_fused_cr2_mxfp8, 2, KV_LAYOUT_MXFP8)
 KV_FUSED_KERNEL(kv_fused_cr2_nvfp4, 2, KV_LAYOUT_NVFP4)
 KV_FUSED_KERNEL(kv_fused_cr2_bf16, 2, KV_LAYOUT_BF16)
 KV_FUSED_KERNEL(kv_fused_cr2_fp8, 2, KV_LAYOUT_FP8)
+
+#define KV_FUSED_TEAM_KERNEL(name, LAYOUT)                                          \
+    KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \
+        kv_compress_cr2_team<true, LAYOUT>(p.c, &p.i);                              \
+    }
+
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_v4, KV_LAYOUT_V4)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mxfp8, KV_LAYOUT_MXFP8)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_nvfp4, KV_LAYOUT_NVFP4)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_bf16, KV_LAYOUT_BF16)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_fp8, KV_LAYOUT_FP8)

@@ -24,6 +24,9 @@ cargo build --release --all-targets --no-default-features --features hip
 # A missing GPU is a failure here, not a skip.
 export DSV4_KVCACHE_REQUIRE_GPU=1
 cargo test --release --no-default-features --features hip --test hip_backend --test device_parity --test code_objects -- --nocapture
+# The parity cases are decode-sized, so CR2 runs in teams above; once more
+# with the one-group-per-item CR2 kernels that large launches use.
+DSV4_KVCACHE_CR2_TEAMS=0 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
 ./target/release/dsv4-kvcache verify tests/vectors/seed_*.safetensors --backend hip
 ./target/release/dsv4-kvcache demo --backend hip
 ./target/release/dsv4-kvcache bench --backend hip --out rocm-bench.json

@@ -49,6 +49,12 @@ pub const KERNEL_NAMES: &[&str] = &[
     "kv_fused_cr2_nvfp4",
     "kv_fused_cr2_bf16",
     "kv_fused_cr2_fp8",
+    "kv_compress_cr2_team",
+    "kv_fused_cr2_team_v4",
+    "kv_fused_cr2_team_mxfp8",
+    "kv_fused_cr2_team_nvfp4",
+    "kv_fused_cr2_team_bf16",
+    "kv_fused_cr2_team_fp8",
 ];
 
 /// The insert kernel for a layout.
@@ -62,17 +68,27 @@ pub fn insert_kernel(layout: RecordLayout) -> &'static str {
     }
 }
 
-/// The fused kernel for a compress ratio and layout.
+/// The fused kernel for a compress ratio and layout (one group per item).
 pub fn fused_kernel(compress_ratio: u32, layout: RecordLayout) -> &'static str {
-    let i = RecordLayout::ALL
-        .iter()
-        .position(|l| *l == layout)
-        .expect("every layout is in ALL");
+    let i = layout_index(layout);
     if compress_ratio == 1 {
         KERNEL_NAMES[8 + i]
     } else {
         KERNEL_NAMES[13 + i]
     }
+}
+
+/// The fused CR2 kernel that gives each item a team of
+/// [`CR2_TEAM_GROUPS`] groups.
+pub fn fused_team_kernel(layout: RecordLayout) -> &'static str {
+    KERNEL_NAMES[19 + layout_index(layout)]
+}
+
+fn layout_index(layout: RecordLayout) -> usize {
+    RecordLayout::ALL
+        .iter()
+        .position(|l| *l == layout)
+        .expect("every layout is in ALL")
 }
 
 /// The compress kernel for a compress ratio.
@@ -435,6 +451,98 @@ fn forced_groups_per_block() -> Option<u32> {
     })
 }
 
+/// Groups in a CR2 team: one block handles one item, each lane pooling a
+/// quarter of its 16 dims (the kernels' `KV_CR2_TEAM`).
+pub const CR2_TEAM_GROUPS: u32 = 4;
+/// CR2 launches of at most this many items (requests plus tokens) use teams
+/// (on the H200 teams were faster up to T = 8192 one-token requests, 16384
+/// items: 33.8 against 34.9 µs, and 4 requests of 2048: 14.9 against 17.7).
+pub const CR2_TEAM_MAX_ITEMS: u64 = 16384;
+
+/// Whether a CR2 launch of `items` items uses the team kernels: at decode
+/// sizes a lone group's pooling chain is most of the kernel time, and a team
+/// splits it four ways; large launches have items enough to hide it. The
+/// environment variable `DSV4_KVCACHE_CR2_TEAMS` (0 or 1) forces the choice,
+/// for benchmarking.
+pub fn cr2_uses_teams(items: u64) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(
+        || match std::env::var("DSV4_KVCACHE_CR2_TEAMS").as_deref() {
+            Ok("0") => Some(false),
+            Ok("1") => Some(true),
+            _ => None,
+        },
+    );
+    forced.unwrap_or(items <= CR2_TEAM_MAX_ITEMS)
+}
+
+/// Shape of a team launch: one block of [`CR2_TEAM_GROUPS`] groups per item.
+pub fn team_geometry(items: u64) -> Geometry {
+    Geometry {
+        grid: items.max(1) as u32,
+        block_threads: GROUP_LANES * CR2_TEAM_GROUPS,
+        groups_log2: CR2_TEAM_GROUPS.trailing_zeros(),
+    }
+}
+
+/// A kernel and the shape to launch it in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    /// The kernel's name (one of [`KERNEL_NAMES`]).
+    pub kernel: &'static str,
+    /// Its grid and blocks.
+    pub geometry: Geometry,
+}
+
+/// The launch of an insert plan.
+pub fn insert_launch(p: &InsertPlan) -> Launch {
+    Launch {
+        kernel: insert_kernel(p.cache.layout),
+        geometry: geometry(p.n as u64),
+    }
+}
+
+/// The launch of a `save_ring_rows` plan.
+pub fn ring_rows_launch(p: &RingRowsPlan) -> Launch {
+    Launch {
+        kernel: "kv_save_ring_rows",
+        geometry: geometry(p.n as u64),
+    }
+}
+
+/// The launch of a compress plan (CR2 in teams at decode sizes).
+pub fn compress_launch(p: &CompressPlan) -> Launch {
+    let items = compress_items(p);
+    if p.compress_ratio == 2 && cr2_uses_teams(items) {
+        Launch {
+            kernel: "kv_compress_cr2_team",
+            geometry: team_geometry(items),
+        }
+    } else {
+        Launch {
+            kernel: compress_kernel(p.compress_ratio),
+            geometry: geometry(items),
+        }
+    }
+}
+
+/// The launch of a fused plan (CR2 in teams at decode sizes).
+pub fn fused_launch(p: &FusedPlan) -> Launch {
+    let items = compress_items(&p.compress);
+    let layout = p.insert.cache.layout;
+    if p.compress.compress_ratio == 2 && cr2_uses_teams(items) {
+        Launch {
+            kernel: fused_team_kernel(layout),
+            geometry: team_geometry(items),
+        }
+    } else {
+        Launch {
+            kernel: fused_kernel(p.compress.compress_ratio, layout),
+            geometry: geometry(items),
+        }
+    }
+}
+
 /// A kernel parameter block: carries the launch's groups-per-block in its
 /// flags word, since the kernels derive a group's index from it.
 pub trait KernelParams: Copy {
@@ -505,6 +613,27 @@ mod tests {
             assert!(fused_kernel(1, l).starts_with("kv_fused_cr1_"));
             assert!(fused_kernel(2, l).starts_with("kv_fused_cr2_"));
             assert!(fused_kernel(2, l).ends_with(insert_kernel(l).trim_start_matches("kv_insert_")));
+            assert!(KERNEL_NAMES.contains(&fused_team_kernel(l)));
+            assert!(fused_team_kernel(l).starts_with("kv_fused_cr2_team_"));
+            assert!(
+                fused_team_kernel(l).ends_with(insert_kernel(l).trim_start_matches("kv_insert_"))
+            );
+        }
+    }
+
+    #[test]
+    fn team_launches_are_one_block_of_whole_wavefronts_per_item() {
+        for items in [1u64, 2, 33, CR2_TEAM_MAX_ITEMS] {
+            let g = team_geometry(items);
+            assert_eq!(g.grid as u64, items);
+            assert_eq!(g.block_threads, GROUP_LANES * CR2_TEAM_GROUPS);
+            assert_eq!(g.block_threads % 64, 0);
+            assert!(g.block_threads <= BLOCK_THREADS);
+        }
+        if std::env::var_os("DSV4_KVCACHE_CR2_TEAMS").is_none() {
+            assert!(cr2_uses_teams(1));
+            assert!(cr2_uses_teams(CR2_TEAM_MAX_ITEMS));
+            assert!(!cr2_uses_teams(CR2_TEAM_MAX_ITEMS + 1));
         }
     }
 

@@ -10,6 +10,11 @@
 //! `DSV4_KVCACHE_REQUIRE_GPU=1` a missing CUDA GPU is a failure.
 //! `DSV4_KVCACHE_PARITY_CASES` sets the cases per kind and value mix
 //! (default 8: 336 kinds x 4 mixes x 8 = 10,752 random cases).
+//!
+//! The cases are decode-sized, so CR2 runs on the team kernels
+//! (`kernel_abi::cr2_uses_teams`); run again with `DSV4_KVCACHE_CR2_TEAMS=0`
+//! to check the one-group-per-item CR2 kernels that large launches use (the
+//! line printed says which ran).
 
 // Built without both GPU features, the device paths below are compiled out.
 #![cfg_attr(
@@ -99,10 +104,15 @@ fn check_backend<B: Backend>(dev: &mut B) {
         }
     }
     println!(
-        "PARITY {}: {} cases, {bytes} output bytes compared, {} mismatching cases",
+        "PARITY {}: {} cases, {bytes} output bytes compared, {} mismatching cases (CR2 kernels: {})",
         dev.name(),
         all.len(),
-        bad.len()
+        bad.len(),
+        if dsv4_kvcache::kernel_abi::cr2_uses_teams(1) {
+            "teams"
+        } else {
+            "one group per item"
+        }
     );
     assert!(
         bad.is_empty(),

@@ -41,8 +41,7 @@
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::kernel_abi::{
-    self, compress_items, compress_kernel, fused_kernel, insert_kernel, CompressPtrs, InsertPtrs,
-    KernelParams, KERNEL_NAMES, NUM_COUNTERS,
+    self, CompressPtrs, InsertPtrs, KernelParams, Launch, KERNEL_NAMES, NUM_COUNTERS,
 };
 use crate::kernels;
 use crate::ops::{
@@ -717,7 +716,7 @@ impl CudaBackend {
             })
     }
 
-    /// Launches `kernel` over `items` groups with `params` by value.
+    /// Launches `l` (kernel and shape) with `params` by value.
     ///
     /// # Safety
     /// `params` must be the parameter block `kernel` expects, and every
@@ -725,14 +724,13 @@ impl CudaBackend {
     /// extents the plan it came from describes, until the kernel has run.
     unsafe fn launch<P: KernelParams>(
         &self,
-        kernel: &'static str,
-        items: u64,
+        l: Launch,
         params: &P,
         stream: sys::CUstream,
     ) -> Result<()> {
-        let f = self.function(kernel)?;
+        let f = self.function(l.kernel)?;
         self.bind()?;
-        let g = kernel_abi::geometry(items);
+        let g = l.geometry;
         let block = params.with_geometry(&g);
         let mut args = [&block as *const P as *mut c_void];
         cu::launch_kernel(
@@ -759,14 +757,7 @@ impl CudaBackend {
         let params = kernel_abi::compress_params(p, &compress_ptrs(a, counters));
         // SAFETY: the plan validated every view against its buffer's length;
         // the buffers are the caller's (raw) or this backend's.
-        unsafe {
-            self.launch(
-                compress_kernel(p.compress_ratio),
-                compress_items(p),
-                &params,
-                stream,
-            )
-        }
+        unsafe { self.launch(kernel_abi::compress_launch(p), &params, stream) }
     }
 
     fn insert_on<S: DevAddr>(
@@ -781,7 +772,7 @@ impl CudaBackend {
         }
         let params = kernel_abi::insert_params(p, &insert_ptrs(a, counters), self.sanitize);
         // SAFETY: as in `compress_on`.
-        unsafe { self.launch(insert_kernel(p.cache.layout), p.n as u64, &params, stream) }
+        unsafe { self.launch(kernel_abi::insert_launch(p), &params, stream) }
     }
 
     fn ring_on<S: DevAddr>(
@@ -802,7 +793,7 @@ impl CudaBackend {
             counters,
         );
         // SAFETY: as in `compress_on`.
-        unsafe { self.launch("kv_save_ring_rows", p.n as u64, &params, stream) }
+        unsafe { self.launch(kernel_abi::ring_rows_launch(p), &params, stream) }
     }
 
     fn fused_on<S: DevAddr>(
@@ -821,9 +812,8 @@ impl CudaBackend {
             &fused_insert_ptrs(a, counters),
             self.sanitize,
         );
-        let kernel = fused_kernel(p.compress.compress_ratio, p.insert.cache.layout);
         // SAFETY: as in `compress_on`.
-        unsafe { self.launch(kernel, compress_items(&p.compress), &params, stream) }
+        unsafe { self.launch(kernel_abi::fused_launch(p), &params, stream) }
     }
 
     // ---- the raw API -------------------------------------------------------

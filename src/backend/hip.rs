@@ -51,8 +51,8 @@ use super::Backend;
 use crate::detect::{sanitize_for, AmdArch, SanitizePolicy};
 use crate::error::{Error, Result};
 use crate::kernel_abi::{
-    compress_items, compress_kernel, compress_params, fused_kernel, fused_params, geometry,
-    insert_kernel, insert_params, ring_rows_params, CompressPtrs, InsertPtrs, KernelParams,
+    compress_launch, compress_params, fused_launch, fused_params, insert_launch, insert_params,
+    ring_rows_launch, ring_rows_params, CompressPtrs, InsertPtrs, KernelParams, Launch,
     KERNEL_NAMES, NUM_COUNTERS,
 };
 use crate::ops::{
@@ -160,7 +160,7 @@ fn opt_dptr<S: DevicePtr + ?Sized>(t: &Option<Tensor<'_, S>>) -> u64 {
 }
 
 /// A HIP device with the embedded kernels loaded: one stream, one module,
-/// the 18 kernels and the skip counters.
+/// every kernel of `kernel_abi::KERNEL_NAMES` and the skip counters.
 pub struct HipBackend {
     api: Arc<Api>,
     device: usize,
@@ -575,24 +575,18 @@ impl HipBackend {
             })
     }
 
-    /// Launches `kernel` over `items` groups with `params` as its one argument.
+    /// Launches `l` (kernel and shape) with `params` as its one argument.
     ///
     /// # Safety
     /// The addresses in `params` must be valid device memory for the kernel's
     /// accesses, and `stream` a stream of this device (or null).
-    unsafe fn launch<P: KernelParams>(
-        &self,
-        kernel: &'static str,
-        items: u64,
-        params: &P,
-        stream: Stream,
-    ) -> Result<()> {
-        let f = self.function(kernel)?;
+    unsafe fn launch<P: KernelParams>(&self, l: Launch, params: &P, stream: Stream) -> Result<()> {
+        let f = self.function(l.kernel)?;
         // The launch goes to the stream's device, but a null stream means
         // the calling thread's current device: make that ours (a
         // thread-local setting; it neither allocates nor waits).
         self.select_device()?;
-        let g = geometry(items);
+        let g = l.geometry;
         let mut block = params.with_geometry(&g);
         let mut args = [&mut block as *mut P as *mut c_void];
         let code = (self.api.module_launch_kernel)(
@@ -622,12 +616,7 @@ impl HipBackend {
         }
         let ptrs = compress_ptrs(a, self.counters.0 as u64);
         let params = compress_params(&p, &ptrs);
-        self.launch(
-            compress_kernel(p.compress_ratio),
-            compress_items(&p),
-            &params,
-            stream,
-        )
+        self.launch(compress_launch(&p), &params, stream)
     }
 
     unsafe fn insert_on<S: DevicePtr + ?Sized>(
@@ -649,7 +638,7 @@ impl HipBackend {
             counters: self.counters.0 as u64,
         };
         let params = insert_params(&p, &ptrs, self.sanitize);
-        self.launch(insert_kernel(p.cache.layout), p.n as u64, &params, stream)
+        self.launch(insert_launch(&p), &params, stream)
     }
 
     unsafe fn ring_rows_on<S: DevicePtr + ?Sized>(
@@ -668,7 +657,7 @@ impl HipBackend {
             a.state_cache.buf.device_ptr(),
             self.counters.0 as u64,
         );
-        self.launch("kv_save_ring_rows", p.n as u64, &params, stream)
+        self.launch(ring_rows_launch(&p), &params, stream)
     }
 
     unsafe fn fused_on<S: DevicePtr + ?Sized>(
@@ -692,8 +681,7 @@ impl HipBackend {
             counters,
         };
         let params = fused_params(&fp, &cptrs, &iptrs, self.sanitize);
-        let kernel = fused_kernel(fp.compress.compress_ratio, fp.insert.cache.layout);
-        self.launch(kernel, compress_items(&fp.compress), &params, stream)
+        self.launch(fused_launch(&fp), &params, stream)
     }
 
     /// `rope_quant_insert` over caller-owned device memory, on `stream`.
