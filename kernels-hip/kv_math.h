@@ -22,17 +22,20 @@ KV_DEVICE float kv_copysign(float m, float s) {
 }
 
 // e^x: Cody-Waite reduction, degree-7 Taylor by Horner in fma, scaling by 2^n.
+// The same operations as math::exp, straight-line: where math::exp returns
+// early this computes on a harmless stand-in and selects at the end (same
+// values). A lane pools several dims, and their chains overlap only when no
+// branch separates them: measured on the H200, CR2 at decode sizes 10 %
+// faster and 7 % at 65536 tokens in 4 requests. (With a one-exp pooling this
+// spilled AMD scalar registers; with two exps per dim it does not.)
 KV_DEVICE float kv_exp(float x) {
-    // Early exits, not selects: measured faster on the H200 (the exits are
-    // rarely taken, so they do not diverge; computing both paths costs more).
-    if (kv_isnan(x)) return kv_u2f(0x7fc00000u);
-    if (x > 88.72284f) return kv_u2f(0x7f800000u);
-    if (x < -103.97208f) return 0.0f;
-    float t = x * KV_LOG2E;
+    bool in_range = x >= -103.97208f && x <= 88.72284f;  // false for NaN
+    float xr = in_range ? x : 0.0f;  // keeps the conversion below defined
+    float t = xr * KV_LOG2E;
     float n = (t + KV_ROUND_MAGIC) - KV_ROUND_MAGIC;
-    float r = kv_fmaf(n, -KV_LN2_HI, x);
+    float r = kv_fmaf(n, -KV_LN2_HI, xr);
     r = kv_fmaf(n, -KV_LN2_LO, r);
-    float p = kv_u2f(0x39500d01u);        // 1/5040
+    float p = kv_u2f(0x39500d01u);           // 1/5040
     p = kv_fmaf(p, r, kv_u2f(0x3ab60b61u));  // 1/720
     p = kv_fmaf(p, r, kv_u2f(0x3c088889u));  // 1/120
     p = kv_fmaf(p, r, kv_u2f(0x3d2aaaabu));  // 1/24
@@ -42,10 +45,14 @@ KV_DEVICE float kv_exp(float x) {
     p = kv_fmaf(p, r, 1.0f);
     int ni = (int)n;
     // 2^n in two exact steps when it leaves the normal range (a subnormal
-    // result is then rounded once).
-    if (ni < -126) return (p * kv_pow2(ni + 100)) * kv_pow2(-100);
-    if (ni > 127) return (p * kv_pow2(ni - 1)) * 2.0f;
-    return p * kv_pow2(ni);
+    // result is then rounded once); in range the second factor is 1, exact.
+    bool lo = ni < -126;
+    bool hi = ni > 127;
+    int e1 = lo ? ni + 100 : (hi ? ni - 1 : ni);
+    float m2 = lo ? kv_pow2(-100) : (hi ? 2.0f : 1.0f);
+    float y = (p * kv_pow2(e1)) * m2;
+    float outside = kv_isnan(x) ? kv_u2f(0x7fc00000u) : (x > 0.0f ? kv_u2f(0x7f800000u) : 0.0f);
+    return in_range ? y : outside;
 }
 
 // max/min ignoring a NaN operand (NVIDIA max.f32/min.f32).

@@ -515,38 +515,6 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
     kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out);
 }
 
-// Pools (older, newer) [kv | score] rows for the lane's 16 dims and norms.
-// exp(d) when it needs no arithmetic (d = 0, NaN or infinite): sets *w to
-// exactly what kv_exp returns and gives true.
-KV_DEVICE bool kv_exp_trivial(float d, float* w) {
-    if (d == 0.0f) {
-        *w = 1.0f;
-        return true;
-    }
-    if (!(kv_fabs(d) <= kv_u2f(0x7f7fffffu))) {
-        // What kv_exp returns for NaN and the infinities, without running it.
-        *w = kv_isnan(d) ? kv_u2f(0x7fc00000u) : (d > 0.0f ? kv_u2f(0x7f800000u) : 0.0f);
-        return true;
-    }
-    return false;
-}
-
-// kv_pool2 with one kv_exp per dim instead of two: m is one of the scores
-// unless it is NaN or infinite, so at most one of s0 - m, s1 - m is finite
-// and non-zero; the other weight is trivial. Same bits as kv_pool2.
-KV_DEVICE float kv_pool2_one_exp(float kv0, float s0, float kv1, float s1) {
-    float m = kv_max_nan_ignoring(s0, s1);
-    float d0 = s0 - m;
-    float d1 = s1 - m;
-    float w0, w1;
-    bool t0 = kv_exp_trivial(d0, &w0);
-    bool t1 = kv_exp_trivial(d1, &w1);
-    float e = kv_exp(t0 ? d1 : d0);
-    if (!t0) w0 = e;
-    if (!t1) w1 = e;
-    return kv_divf(kv0 * w0 + kv1 * w1, w0 + w1);
-}
-
 // ---- CR2 items, alone or in teams -----------------------------------------
 //
 // A CR2 item's pooling (an exp and an IEEE division per dim) is a long
@@ -568,28 +536,41 @@ struct KvRowPart {
 
 template <int N>
 KV_DEVICE void kv_loadNf(const float* p, float v[N]) {
-    const kv_u32x4* q = (const kv_u32x4*)p;
+    if constexpr (N % 4 == 0) {
+        const kv_u32x4* q = (const kv_u32x4*)p;
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-        kv_u32x4 w = q[i];
-        v[4 * i + 0] = kv_u2f(w.x);
-        v[4 * i + 1] = kv_u2f(w.y);
-        v[4 * i + 2] = kv_u2f(w.z);
-        v[4 * i + 3] = kv_u2f(w.w);
+        for (int i = 0; i < N / 4; ++i) {
+            kv_u32x4 w = q[i];
+            v[4 * i + 0] = kv_u2f(w.x);
+            v[4 * i + 1] = kv_u2f(w.y);
+            v[4 * i + 2] = kv_u2f(w.z);
+            v[4 * i + 3] = kv_u2f(w.w);
+        }
+    } else {
+        kv_u32x2 w = *(const kv_u32x2*)p;
+        v[0] = kv_u2f(w.x);
+        v[1] = kv_u2f(w.y);
     }
 }
 
 template <int N>
 KV_DEVICE void kv_storeNf(float* p, const float v[N]) {
-    kv_u32x4* q = (kv_u32x4*)p;
+    if constexpr (N % 4 == 0) {
+        kv_u32x4* q = (kv_u32x4*)p;
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-        kv_u32x4 w;
-        w.x = kv_f2u(v[4 * i + 0]);
-        w.y = kv_f2u(v[4 * i + 1]);
-        w.z = kv_f2u(v[4 * i + 2]);
-        w.w = kv_f2u(v[4 * i + 3]);
-        q[i] = w;
+        for (int i = 0; i < N / 4; ++i) {
+            kv_u32x4 w;
+            w.x = kv_f2u(v[4 * i + 0]);
+            w.y = kv_f2u(v[4 * i + 1]);
+            w.z = kv_f2u(v[4 * i + 2]);
+            w.w = kv_f2u(v[4 * i + 3]);
+            q[i] = w;
+        }
+    } else {
+        kv_u32x2 w;
+        w.x = kv_f2u(v[0]);
+        w.y = kv_f2u(v[1]);
+        *(kv_u32x2*)p = w;
     }
 }
 
@@ -638,8 +619,7 @@ KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams
     float v[16];
 #pragma unroll
     for (int j = 0; j < N; ++j)
-        v[j] = !FUSED ? kv_pool2_one_exp(older.kv[j], older.s[j], newer.kv[j], newer.s[j])
-                      : kv_pool2(older.kv[j], older.s[j], newer.kv[j], newer.s[j]);
+        v[j] = kv_pool2(older.kv[j], older.s[j], newer.kv[j], newer.s[j]);
     if (TEAM > 1) {
         kv_storeNf<N>(pooled + kv_part_offset<TEAM>(tl), v);
         kv_sync();

@@ -28,7 +28,9 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// then a degree-7 Taylor polynomial on `|r| <= ln2 / 2` by Horner's rule in
 /// `fma`, then scaling by `2^n` (in two steps below 2^-126 so that a subnormal
 /// result is rounded once). Within 2 ulp of `exp` (tested against f64); NaN
-/// in gives the canonical NaN out.
+/// in gives the canonical NaN out. The kernels' `kv_exp` runs the same
+/// operations without the early returns (selecting at the end), which gives
+/// the same values and lets a lane's several dims overlap.
 #[inline]
 pub fn exp(x: f32) -> f32 {
     if x.is_nan() {
@@ -240,36 +242,6 @@ pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
     (kv0 * w0 + kv1 * w1) / (w0 + w1)
 }
 
-/// `exp(d)` when it needs no arithmetic (`d` zero, NaN or infinite): the
-/// value [`exp`] returns for it.
-#[inline]
-fn exp_trivial(d: f32) -> Option<f32> {
-    if d == 0.0 {
-        Some(1.0)
-    } else if d.is_nan() {
-        Some(f32::from_bits(0x7fc0_0000))
-    } else if d.is_infinite() {
-        Some(if d > 0.0 { f32::INFINITY } else { 0.0 })
-    } else {
-        None
-    }
-}
-
-/// [`pool2`] with one [`exp`] per dim, as the kernels compute it: `m` is one
-/// of the scores unless it is NaN or infinite, so at most one of `s0 - m`,
-/// `s1 - m` is finite and non-zero, and the other weight is trivial. Gives
-/// the same bits as [`pool2`] for every input (tested).
-#[inline]
-pub fn pool2_one_exp(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
-    let m = max_nan_ignoring(s0, s1);
-    let (d0, d1) = (s0 - m, s1 - m);
-    let (t0, t1) = (exp_trivial(d0), exp_trivial(d1));
-    let e = exp(if t0.is_some() { d1 } else { d0 });
-    let w0 = t0.unwrap_or(e);
-    let w1 = t1.unwrap_or(e);
-    (kv0 * w0 + kv1 * w1) / (w0 + w1)
-}
-
 /// `r / s` for an NVFP4 tile, as the kernels compute it: one reciprocal per
 /// tile, `y = f32(1 / s)`, then per element `q0 = f32(r y)`, the exact
 /// residual `fma(-q0, s, r)` and Markstein's correction `fma(res, y, q0)`.
@@ -373,46 +345,6 @@ mod tests {
         assert_eq!(exp(0.0), 1.0);
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
         assert!(exp(f32::NAN).is_nan());
-    }
-
-    #[test]
-    fn one_exp_pooling_is_bit_identical() {
-        let specials = [
-            0.0f32,
-            -0.0,
-            1.0,
-            -1.0,
-            3.5,
-            -87.0,
-            -104.0,
-            1e30,
-            -1e30,
-            f32::MAX,
-            f32::MIN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            1e-40,
-        ];
-        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-        for &s0 in &specials {
-            for &s1 in &specials {
-                for (kv0, kv1) in [(1.0f32, 2.0f32), (-0.5, 0.25), (f32::INFINITY, 1.0)] {
-                    let (a, b) = (pool2(kv0, s0, kv1, s1), pool2_one_exp(kv0, s0, kv1, s1));
-                    assert!(same(a, b), "s0={s0} s1={s1}: {a} vs {b}");
-                }
-            }
-        }
-        let mut x = 0x1234_5678u32;
-        for _ in 0..200_000 {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            let s0 = ((x >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 60.0;
-            let s1 = ((x & 0xffff) as f32 / 65536.0 - 0.5) * 60.0;
-            let (a, b) = (pool2(1.5, s0, -0.75, s1), pool2_one_exp(1.5, s0, -0.75, s1));
-            assert!(same(a, b), "s0={s0} s1={s1}");
-        }
     }
 
     #[test]
