@@ -49,6 +49,12 @@ KV_DEVICE float kv_divf(float a, float b) { return __fdiv_rn(a, b); }
 
 KV_DEVICE float kv_fabsf(float x) { return fabsf(x); }  // clears the sign bit, exact
 
+// NaN-ignoring max of two values that are each non-negative or NaN (block
+// maxima of absolute values): max.f32 returns the non-NaN operand, as
+// kv_max_nan_ignoring does, and with no -0 among the operands there is no
+// tie to break differently. One instruction instead of a compare-and-select.
+KV_DEVICE float kv_fmax_nonneg(float a, float b) { return fmaxf(a, b); }
+
 KV_DEVICE uint32_t kv_f2u(float f) { return __float_as_uint(f); }
 KV_DEVICE float kv_u2f(uint32_t u) { return __uint_as_float(u); }
 

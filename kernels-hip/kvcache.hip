@@ -319,23 +319,24 @@ KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned lane,
 
 // NaN-ignoring max of |v| over 16 values, as a tree: the max is associative
 // and commutative (NaN only if all are), so this equals the sequential fold
-// of math.rs while cutting the dependent chain from 16 steps to 4.
+// of math.rs while cutting the dependent chain from 16 steps to 4. The
+// operands are absolute values, so the preludes' kv_fmax_nonneg applies.
 KV_DEVICE float kv_amax16(const float v[16]) {
     float a[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) a[j] = kv_max_nan_ignoring(kv_fabs(v[j]), kv_fabs(v[j + 8]));
+    for (int j = 0; j < 8; ++j) a[j] = kv_fmax_nonneg(kv_fabs(v[j]), kv_fabs(v[j + 8]));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) a[j] = kv_max_nan_ignoring(a[j], a[j + 4]);
-    a[0] = kv_max_nan_ignoring(a[0], a[2]);
-    a[1] = kv_max_nan_ignoring(a[1], a[3]);
-    return kv_max_nan_ignoring(a[0], a[1]);
+    for (int j = 0; j < 4; ++j) a[j] = kv_fmax_nonneg(a[j], a[j + 4]);
+    a[0] = kv_fmax_nonneg(a[0], a[2]);
+    a[1] = kv_fmax_nonneg(a[1], a[3]);
+    return kv_fmax_nonneg(a[0], a[1]);
 }
 
 // Quantizes 16 values of an FP8 block spread over `lanes_per_block` lanes
 // (V4: 4, MXFP8: 2); returns the block's UE8M0 byte (same on its lanes).
 KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, bool sanitize, uint8_t out[16]) {
-    float amax = kv_max_nan_ignoring(KV_AMAX_FLOOR, kv_amax16(q));
-    for (int h = 1; h < lanes_per_block; h *= 2) amax = kv_max_nan_ignoring(amax, kv_shfl_xor(amax, h));
+    float amax = kv_fmax_nonneg(KV_AMAX_FLOOR, kv_amax16(q));
+    for (int h = 1; h < lanes_per_block; h *= 2) amax = kv_fmax_nonneg(amax, kv_shfl_xor(amax, h));
     int e = 0;
     bool finite = kv_block_scale_exponent(amax * KV_INV_448, &e);
     float mult = kv_block_scale_multiplier(finite, e);
@@ -350,7 +351,7 @@ KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, b
 // e4m3 scale byte.
 KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint8_t out[8]) {
     float amax = kv_amax16(r);
-    float t = kv_min_nan_ignoring(kv_max_nan_ignoring(amax * KV_INV_6, KV_NVFP4_SCALE_MIN), 448.0f);
+    float t = kv_min_nan_ignoring(kv_fmax_nonneg(amax * KV_INV_6, KV_NVFP4_SCALE_MIN), 448.0f);
     uint8_t code = kv_e4m3_from_f32_nonnan(t);  // t is finite: in [2^-9, 448]
     float scale = kv_e4m3_to_f32(code);
     float y = kv_e4m3_recip(code);  // f32(1 / scale), exactly, without a division

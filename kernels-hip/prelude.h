@@ -107,5 +107,11 @@ KV_DEVICE float kv_divf(float a, float b) { return a / b; }
 
 KV_DEVICE float kv_fabsf(float x) { return __builtin_fabsf(x); }  // clears the sign bit, exact
 
+// NaN-ignoring max of two values that are each non-negative or NaN. The
+// CUDA prelude uses max.f32 here; AMD's v_max_f32 may return NaN for a
+// signaling NaN operand (a BF16 NaN widened to f32 is one), so the select
+// (kv_max_nan_ignoring's) stays.
+KV_DEVICE float kv_fmax_nonneg(float a, float b) { return (b > a || a != a) ? b : a; }
+
 KV_DEVICE uint32_t kv_f2u(float f) { return __builtin_bit_cast(uint32_t, f); }
 KV_DEVICE float kv_u2f(uint32_t u) { return __builtin_bit_cast(float, u); }
