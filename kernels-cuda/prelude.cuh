@@ -24,6 +24,11 @@
 #else
 #define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n, 3)
 #endif
+// Two blocks per SM: the one-group fused CR2 kernels carry the compressor's
+// ring state across the insert and spill at 80 registers. They run only for
+// launches above the team threshold (long prefills), and with blocks of 128
+// threads 96 registers still leave 20 warps per SM.
+#define KV_LAUNCH_BOUNDS_2(n) __launch_bounds__(n, 2)
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }
 KV_DEVICE unsigned kv_bid() { return blockIdx.x; }
@@ -38,6 +43,10 @@ KV_DEVICE uint32_t kv_shfl_xor_u32(uint32_t v, int mask) {
 }
 KV_DEVICE float kv_shfl_xor(float v, int mask) {
     return __shfl_xor_sync(0xffffffffu, v, mask, 32);
+}
+// Value of lane src (0..31) of this aligned group of 32 lanes.
+KV_DEVICE uint32_t kv_shfl_idx_u32(uint32_t v, unsigned src) {
+    return __shfl_sync(0xffffffffu, v, (int)src, 32);
 }
 
 // Device-scope relaxed atomic add; returns the old value.

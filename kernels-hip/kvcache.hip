@@ -317,6 +317,34 @@ KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned lane,
     for (int j = 0; j < 8; ++j) kv_rope_pair(x[2 * j], x[2 * j + 1], c[j], s[j], &r[2 * j], &r[2 * j + 1]);
 }
 
+// cos and sin of RoPE pair 224 + k from row `base` (k < 32).
+KV_DEVICE void kv_cos_sin_at(const KvInsertParams& p, int64_t base, unsigned k, float* c, float* s) {
+    if (p.flags & KV_F_COS_BF16) {
+        const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
+        *c = kv_bf16_to_f32(row[k]);
+        *s = kv_bf16_to_f32(row[32 + k]);
+    } else {
+        const float* row = (const float*)p.cos_sin + base * p.cos_row_stride;
+        *c = row[k];
+        *s = row[32 + k];
+    }
+}
+
+// The BF16 bits of dims 448 + 2 lane (low half) and 449 + 2 lane (high half):
+// lane 28 + lane / 8 holds them as its pair lane % 8. Every lane offers each
+// of its eight pairs in turn and keeps the one it needs.
+KV_DEVICE uint32_t kv_gather_rope_pair(const uint16_t h[16], unsigned lane) {
+    unsigned src = 28u + (lane >> 3);
+    uint32_t got = 0u;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        uint32_t w = (uint32_t)h[2 * j] | ((uint32_t)h[2 * j + 1] << 16);
+        uint32_t v = kv_shfl_idx_u32(w, src);
+        got = (lane & 7u) == (unsigned)j ? v : got;
+    }
+    return got;
+}
+
 // NaN-ignoring max of |v| over 16 values, as a tree: the max is associative
 // and commutative (NaN only if all are), so this equals the sequential fold
 // of math.rs while cutting the dependent chain from 16 steps to 4. The
@@ -397,10 +425,13 @@ template <int LAYOUT>
 KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t base, unsigned lane,
                                const uint16_t h[16], float fp8_scale) {
     const bool sanitize = (p.flags & KV_F_SANITIZE) != 0u;
+    // V4's RoPE pair first, while the latent is still packed: the fused CR2
+    // kernels sit at their register limit.
+    uint32_t v4_pair = LAYOUT == KV_LAYOUT_V4 ? kv_gather_rope_pair(h, lane) : 0u;
     float x[16], r[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) x[j] = kv_bf16_to_f32(h[j]);
-    kv_rotate16(p, base, lane, x, r);
+    if (LAYOUT != KV_LAYOUT_V4) kv_rotate16(p, base, lane, x, r);  // V4 rotates by pairs below
     int64_t row;
     int64_t block = kv_divmod(slot, p.block_size, &row);
     uint8_t* page = p.cache + block * p.block_stride;
@@ -409,19 +440,28 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         uint8_t* values = page + row * 576;
         uint8_t* scales = page + p.block_size * 576 + row * 8;
         // NoPE: the unrotated latent, blocks of 64 dims = 4 lanes. Every lane
-        // joins the shuffles; lanes 28..31 then write the rotated BF16 part.
+        // joins the shuffles; lanes 0..27 write the FP8 part.
         uint8_t q[16];
         uint8_t sb = kv_quantize_fp8_part(x, 4, sanitize, q);
         if (lane < 28u) {
             kv_store16b(values + 16 * lane, q);
             if ((lane & 3u) == 0u) scales[lane / 4u] = sb;
-        } else {
-            uint16_t o[16];
-#pragma unroll
-            for (int j = 0; j < 16; ++j) o[j] = kv_bf16_from_f32(kv_sanitized(r[j], sanitize));
-            kv_store16h((uint16_t*)(values + 448 + 32 * (lane - 28u)), o);
-            if (lane == 28u) scales[7] = 0;
+        } else if (lane == 28u) {
+            scales[7] = 0;
         }
+        // RoPE part: one GPT-J pair per lane (pair 224 + lane, dims
+        // 448 + 2 lane and 449 + 2 lane), gathered from lanes 28..31, which
+        // hold those dims; one lane rotating 16 dims while the others waited
+        // was most of this kernel's time.
+        uint32_t pair = v4_pair;
+        float c, sn;
+        kv_cos_sin_at(p, base, lane, &c, &sn);
+        float re, ro;
+        kv_rope_pair(kv_bf16_to_f32((uint16_t)(pair & 0xffffu)), kv_bf16_to_f32((uint16_t)(pair >> 16)), c, sn,
+                     &re, &ro);
+        uint32_t out = (uint32_t)kv_bf16_from_f32(kv_sanitized(re, sanitize)) |
+                       ((uint32_t)kv_bf16_from_f32(kv_sanitized(ro, sanitize)) << 16);
+        *(uint32_t*)(values + 448 + 4 * lane) = out;
     } else if (LAYOUT == KV_LAYOUT_MXFP8) {
         uint8_t* values = page + row * 512;
         uint8_t* scales = page + p.block_size * 512 + row * 16;
@@ -828,21 +868,21 @@ KV_INSERT_KERNEL(kv_insert_nvfp4, KV_LAYOUT_NVFP4)
 KV_INSERT_KERNEL(kv_insert_bf16, KV_LAYOUT_BF16)
 KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8)
 
-#define KV_FUSED_KERNEL(name, CR, LAYOUT)                                           \
-    KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \
-        kv_compress<true, LAYOUT>(p.c, &p.i, CR);                                   \
+#define KV_FUSED_KERNEL(name, CR, LAYOUT, BOUNDS)                       \
+    KV_KERNEL BOUNDS(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \
+        kv_compress<true, LAYOUT>(p.c, &p.i, CR);                         \
     }
 
-KV_FUSED_KERNEL(kv_fused_cr1_v4, 1, KV_LAYOUT_V4)
-KV_FUSED_KERNEL(kv_fused_cr1_mxfp8, 1, KV_LAYOUT_MXFP8)
-KV_FUSED_KERNEL(kv_fused_cr1_nvfp4, 1, KV_LAYOUT_NVFP4)
-KV_FUSED_KERNEL(kv_fused_cr1_bf16, 1, KV_LAYOUT_BF16)
-KV_FUSED_KERNEL(kv_fused_cr1_fp8, 1, KV_LAYOUT_FP8)
-KV_FUSED_KERNEL(kv_fused_cr2_v4, 2, KV_LAYOUT_V4)
-KV_FUSED_KERNEL(kv_fused_cr2_mxfp8, 2, KV_LAYOUT_MXFP8)
-KV_FUSED_KERNEL(kv_fused_cr2_nvfp4, 2, KV_LAYOUT_NVFP4)
-KV_FUSED_KERNEL(kv_fused_cr2_bf16, 2, KV_LAYOUT_BF16)
-KV_FUSED_KERNEL(kv_fused_cr2_fp8, 2, KV_LAYOUT_FP8)
+KV_FUSED_KERNEL(kv_fused_cr1_v4, 1, KV_LAYOUT_V4, KV_LAUNCH_BOUNDS)
+KV_FUSED_KERNEL(kv_fused_cr1_mxfp8, 1, KV_LAYOUT_MXFP8, KV_LAUNCH_BOUNDS)
+KV_FUSED_KERNEL(kv_fused_cr1_nvfp4, 1, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS)
+KV_FUSED_KERNEL(kv_fused_cr1_bf16, 1, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS)
+KV_FUSED_KERNEL(kv_fused_cr1_fp8, 1, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS)
+KV_FUSED_KERNEL(kv_fused_cr2_v4, 2, KV_LAYOUT_V4, KV_LAUNCH_BOUNDS_2)
+KV_FUSED_KERNEL(kv_fused_cr2_mxfp8, 2, KV_LAYOUT_MXFP8, KV_LAUNCH_BOUNDS_2)
+KV_FUSED_KERNEL(kv_fused_cr2_nvfp4, 2, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS_2)
+KV_FUSED_KERNEL(kv_fused_cr2_bf16, 2, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS_2)
+KV_FUSED_KERNEL(kv_fused_cr2_fp8, 2, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_2)
 
 #define KV_FUSED_TEAM_KERNEL(name, LAYOUT)                                          \
     KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \

@@ -35,6 +35,7 @@
 #define KV_SHARED __shared__
 #define KV_RESTRICT __restrict__
 #define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+#define KV_LAUNCH_BOUNDS_2(n) __launch_bounds__(n)
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }
 KV_DEVICE unsigned kv_bid() { return blockIdx.x; }
@@ -57,6 +58,8 @@ typedef __INT64_TYPE__ int64_t;
 #define KV_RESTRICT __restrict__
 // Same mapping as hip_runtime.h's __launch_bounds__(n).
 #define KV_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+// The CUDA prelude's occupancy variant; AMD has no such knob in use here.
+#define KV_LAUNCH_BOUNDS_2(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 
 KV_DEVICE unsigned kv_tid() { return __builtin_amdgcn_workitem_id_x(); }
 KV_DEVICE unsigned kv_bid() { return __builtin_amdgcn_workgroup_id_x(); }
@@ -92,6 +95,12 @@ KV_DEVICE uint32_t kv_shfl_xor_u32(uint32_t v, int mask) {
 }
 KV_DEVICE float kv_shfl_xor(float v, int mask) {
     return __builtin_bit_cast(float, kv_shfl_xor_u32(__builtin_bit_cast(uint32_t, v), mask));
+}
+// Value of lane src (0..31) of this aligned group of 32 lanes (on wave64 the
+// group is the wavefront's lower or upper half, as for kv_shfl_xor).
+KV_DEVICE uint32_t kv_shfl_idx_u32(uint32_t v, unsigned src) {
+    int from = (int)(((kv_lane_id_() & ~31u) | (src & 31u)) << 2);
+    return (uint32_t)__builtin_amdgcn_ds_bpermute(from, (int)v);
 }
 
 // Device-scope relaxed atomic add; returns the old value.
