@@ -4,11 +4,14 @@
 //
 // Work split: a token (or a CR2 request) is handled by a group of 32 lanes;
 // lane l owns dims [16 l, 16 l + 16) of a 512-vector. Lanes talk only through
-// kv_shfl_xor with distances below 32, which stays inside an aligned 32-lane
-// group on 32-lane warps and on 64-lane wavefronts, so nothing here depends
-// on the hardware's width. There are no block-wide barriers: a group whose
-// token is skipped simply returns. The host picks how many groups make a
-// block (src/kernel_abi.rs, geometry) and passes it in the flags word.
+// kv_shfl_xor (distances below 32) and kv_shfl_idx_u32 (a lane of the same
+// group), which stay inside an aligned 32-lane group on 32-lane warps and on
+// 64-lane wavefronts, so nothing here depends on the hardware's width. The
+// host picks how many groups make a block (src/kernel_abi.rs, geometry) and
+// passes it in the flags word. Groups never wait for each other, so a group
+// whose token is skipped simply returns; the one exception is the CR2 team
+// kernels, where a block of four groups shares one item and meets at one
+// barrier that the item's control flow brings every lane to.
 //
 // Every result is bit-identical to the CPU reference (src/reference.rs,
 // src/backend/cpu.rs): the math is in kv_formats.h / kv_math.h, twins of
