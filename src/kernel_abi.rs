@@ -621,6 +621,41 @@ mod tests {
         }
     }
 
+    /// The value of `#define name value` in the kernel source.
+    fn kernel_define(name: &str) -> u64 {
+        const SOURCE: &str = include_str!("../kernels-hip/kvcache.hip");
+        let line = SOURCE
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+            .unwrap_or_else(|| panic!("kvcache.hip defines {name}"));
+        let v = line.split_whitespace().nth(2).expect("a value");
+        v.trim_end_matches('u').parse().expect("a number")
+    }
+
+    #[test]
+    fn host_and_kernel_constants_agree() {
+        assert_eq!(kernel_define("KV_CR2_TEAM"), CR2_TEAM_GROUPS as u64);
+        assert_eq!(kernel_define("KV_BLOCK_THREADS"), BLOCK_THREADS as u64);
+        assert_eq!(kernel_define("KV_GROUP_LANES"), GROUP_LANES as u64);
+        assert_eq!(
+            kernel_define("KV_F_GROUPS_LOG2_SHIFT"),
+            flags::GROUPS_LOG2_SHIFT as u64
+        );
+        for (name, v) in [
+            ("KV_F_POS_I64", flags::POS_I64),
+            ("KV_F_SLOT_I64", flags::SLOT_I64),
+            ("KV_F_QSL_I64", flags::QSL_I64),
+            ("KV_F_TTR_I64", flags::TTR_I64),
+            ("KV_F_PRI_I64", flags::PRI_I64),
+            ("KV_F_HAS_PREV", flags::HAS_PREV),
+            ("KV_F_WRITE_LATENT", flags::WRITE_LATENT),
+            ("KV_F_COS_BF16", flags::COS_BF16),
+            ("KV_F_SANITIZE", flags::SANITIZE),
+        ] {
+            assert_eq!(kernel_define(name), v as u64, "{name}");
+        }
+    }
+
     #[test]
     fn team_launches_are_one_block_of_whole_wavefronts_per_item() {
         for items in [1u64, 2, 33, CR2_TEAM_MAX_ITEMS] {
