@@ -159,29 +159,45 @@ KV_DEVICE void kv_count(unsigned* counters, int which, unsigned lane) {
     if (lane == 0u) kv_atomic_add_u32(counters + which, 1u);
 }
 
-// 16 consecutive floats (64-byte aligned chunk) into registers.
-KV_DEVICE void kv_load16f(const float* p, float v[16]) {
-    const kv_u32x4* q = (const kv_u32x4*)p;
+// N consecutive floats (N a multiple of 4, or 2; 16-byte aligned, 8 for N = 2)
+// into registers, and back.
+template <int N>
+KV_DEVICE void kv_loadNf(const float* p, float v[N]) {
+    if constexpr (N % 4 == 0) {
+        const kv_u32x4* q = (const kv_u32x4*)p;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        kv_u32x4 w = q[i];
-        v[4 * i + 0] = kv_u2f(w.x);
-        v[4 * i + 1] = kv_u2f(w.y);
-        v[4 * i + 2] = kv_u2f(w.z);
-        v[4 * i + 3] = kv_u2f(w.w);
+        for (int i = 0; i < N / 4; ++i) {
+            kv_u32x4 w = q[i];
+            v[4 * i + 0] = kv_u2f(w.x);
+            v[4 * i + 1] = kv_u2f(w.y);
+            v[4 * i + 2] = kv_u2f(w.z);
+            v[4 * i + 3] = kv_u2f(w.w);
+        }
+    } else {
+        kv_u32x2 w = *(const kv_u32x2*)p;
+        v[0] = kv_u2f(w.x);
+        v[1] = kv_u2f(w.y);
     }
 }
 
-KV_DEVICE void kv_store16f(float* p, const float v[16]) {
-    kv_u32x4* q = (kv_u32x4*)p;
+template <int N>
+KV_DEVICE void kv_storeNf(float* p, const float v[N]) {
+    if constexpr (N % 4 == 0) {
+        kv_u32x4* q = (kv_u32x4*)p;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        kv_u32x4 w;
-        w.x = kv_f2u(v[4 * i + 0]);
-        w.y = kv_f2u(v[4 * i + 1]);
-        w.z = kv_f2u(v[4 * i + 2]);
-        w.w = kv_f2u(v[4 * i + 3]);
-        q[i] = w;
+        for (int i = 0; i < N / 4; ++i) {
+            kv_u32x4 w;
+            w.x = kv_f2u(v[4 * i + 0]);
+            w.y = kv_f2u(v[4 * i + 1]);
+            w.z = kv_f2u(v[4 * i + 2]);
+            w.w = kv_f2u(v[4 * i + 3]);
+            q[i] = w;
+        }
+    } else {
+        kv_u32x2 w;
+        w.x = kv_f2u(v[0]);
+        w.y = kv_f2u(v[1]);
+        *(kv_u32x2*)p = w;
     }
 }
 
@@ -551,7 +567,7 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
     // Row, weights and slot in one round trip.
     float v[16];
     KvBf16x16 w;
-    kv_load16f(c.kv_score + t * c.kv_row_stride + 16 * lane, v);
+    kv_loadNf<16>(c.kv_score + t * c.kv_row_stride + 16 * lane, v);
     kv_load_bf16x16(c.weight + 16 * lane, &w);
     if (kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t) < 0) return;
     uint16_t out[16];
@@ -577,46 +593,6 @@ struct KvRowPart {
     float kv[N];
     float s[N];
 };
-
-template <int N>
-KV_DEVICE void kv_loadNf(const float* p, float v[N]) {
-    if constexpr (N % 4 == 0) {
-        const kv_u32x4* q = (const kv_u32x4*)p;
-#pragma unroll
-        for (int i = 0; i < N / 4; ++i) {
-            kv_u32x4 w = q[i];
-            v[4 * i + 0] = kv_u2f(w.x);
-            v[4 * i + 1] = kv_u2f(w.y);
-            v[4 * i + 2] = kv_u2f(w.z);
-            v[4 * i + 3] = kv_u2f(w.w);
-        }
-    } else {
-        kv_u32x2 w = *(const kv_u32x2*)p;
-        v[0] = kv_u2f(w.x);
-        v[1] = kv_u2f(w.y);
-    }
-}
-
-template <int N>
-KV_DEVICE void kv_storeNf(float* p, const float v[N]) {
-    if constexpr (N % 4 == 0) {
-        kv_u32x4* q = (kv_u32x4*)p;
-#pragma unroll
-        for (int i = 0; i < N / 4; ++i) {
-            kv_u32x4 w;
-            w.x = kv_f2u(v[4 * i + 0]);
-            w.y = kv_f2u(v[4 * i + 1]);
-            w.z = kv_f2u(v[4 * i + 2]);
-            w.w = kv_f2u(v[4 * i + 3]);
-            q[i] = w;
-        }
-    } else {
-        kv_u32x2 w;
-        w.x = kv_f2u(v[0]);
-        w.y = kv_f2u(v[1]);
-        *(kv_u32x2*)p = w;
-    }
-}
 
 // Where a team lane's part starts in a 512-dim half: lane l owns dims
 // [16 l, 16 l + 16), and group g of the team the g-th N of them.
@@ -668,7 +644,7 @@ KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams
         kv_storeNf<N>(pooled + kv_part_offset<TEAM>(tl), v);
         kv_sync();
         if (tl.g != 0u) return;
-        kv_load16f(pooled + 16u * tl.l, v);
+        kv_loadNf<16>(pooled + 16u * tl.l, v);
     }
     KvBf16x16 w;
     kv_load_bf16x16(c.weight + 16 * tl.l, &w);
@@ -853,10 +829,10 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRing
     const float* src = p.rows + i * p.row_stride;
     float* dst = p.ring + blk * p.ring_block_stride + row * p.ring_row_stride;
     float v[16];
-    kv_load16f(src + 16 * lane, v);
-    kv_store16f(dst + 16 * lane, v);
-    kv_load16f(src + 512 + 16 * lane, v);
-    kv_store16f(dst + 512 + 16 * lane, v);
+    kv_loadNf<16>(src + 16 * lane, v);
+    kv_storeNf<16>(dst + 16 * lane, v);
+    kv_loadNf<16>(src + 512 + 16 * lane, v);
+    kv_storeNf<16>(dst + 512 + 16 * lane, v);
 }
 
 #define KV_INSERT_KERNEL(name, LAYOUT)                                              \
