@@ -64,6 +64,11 @@ KV_DEVICE float kv_fabsf(float x) { return fabsf(x); }  // clears the sign bit, 
 // tie to break differently. One instruction instead of a compare-and-select.
 KV_DEVICE float kv_fmax_nonneg(float a, float b) { return fmaxf(a, b); }
 
+// NaN-ignoring min of two values that are never +0 and -0 together (the
+// one pair where min.f32's tie-break could differ from the select of
+// kv_min_nan_ignoring): min.f32 returns the non-NaN operand. One instruction.
+KV_DEVICE float kv_fmin_nan_ignoring(float a, float b) { return fminf(a, b); }
+
 KV_DEVICE uint32_t kv_f2u(float f) { return __float_as_uint(f); }
 KV_DEVICE float kv_u2f(uint32_t u) { return __uint_as_float(u); }
 

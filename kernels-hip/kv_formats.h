@@ -65,42 +65,15 @@ KV_DEVICE void kv_e4m3_from_f32_x16(const float v[16], uint8_t out[16]) {
 #endif
 }
 
-// e4m3fn -> f32 for the finite, positive codes the kernels decode (NVFP4 tile
-// scales): exact.
-KV_DEVICE float kv_e4m3_to_f32(uint8_t c) {
-    uint32_t e = (c >> 3) & 0xfu;
-    uint32_t m = c & 7u;
-    float sign = (c & 0x80u) ? -1.0f : 1.0f;
-    if (e == 0) return sign * (float)m * (1.0f / 512.0f);
-    // (8 + m) * 2^(e - 10), built exactly from the bits.
-    return sign * kv_u2f(((e + 120u) << 23) | (m << 20));
-}
-
-// f32(1 / v) for a positive, finite, non-zero e4m3 code (1..0x7E): table of
-// mantissa reciprocals times an exact power of two (see formats::e4m3_recip).
-// Selects, not a switch or an array: each lane holds its own tile's code, so
-// a switch diverges and an array indexed at run time lands in local memory.
-KV_DEVICE float kv_e4m3_recip(uint8_t code) {
+// Value s of an NVFP4 tile scale code (1..0x7E) and f32(1 / s), without a
+// branch: a subnormal code's m 2^-9 is (1 + m/8) 2^-6 - 2^-6, exactly.
+KV_DEVICE void kv_nvfp4_scale(uint8_t code, float* s_out, float* y_out) {
     uint32_t e = (code >> 3) & 0xfu;
     uint32_t m = code & 7u;
-    // 1 / ((8 + m) / 8) for the normal codes.
-    uint32_t n = 0x3f800000u;
-    n = m == 1u ? 0x3f638e39u : n;
-    n = m == 2u ? 0x3f4ccccdu : n;
-    n = m == 3u ? 0x3f3a2e8cu : n;
-    n = m == 4u ? 0x3f2aaaabu : n;
-    n = m == 5u ? 0x3f1d89d9u : n;
-    n = m == 6u ? 0x3f124925u : n;
-    n = m == 7u ? 0x3f088889u : n;
-    // 1 / m for the subnormal codes (m * 2^-9); m = 0 is not a scale.
-    uint32_t d = 0x3f800000u;
-    d = m == 2u ? 0x3f000000u : d;
-    d = m == 3u ? 0x3eaaaaabu : d;
-    d = m == 4u ? 0x3e800000u : d;
-    d = m == 5u ? 0x3e4ccccdu : d;
-    d = m == 6u ? 0x3e2aaaabu : d;
-    d = m == 7u ? 0x3e124925u : d;
-    return e == 0u ? kv_u2f(d) * 512.0f : kv_u2f(n) * kv_pow2(7 - (int)e);
+    float v = kv_u2f((((e > 1u ? e : 1u) + 120u) << 23) | (m << 20));
+    float s = e == 0u ? v - kv_u2f(0x3c800000u) : v;
+    *s_out = s;
+    *y_out = kv_divf(1.0f, s);
 }
 
 // e4m3 code of one non-NaN value; a prelude's hardware pair conversion is
@@ -113,23 +86,14 @@ KV_DEVICE uint8_t kv_e4m3_from_f32_nonnan(float x) {
 #endif
 }
 
-// FP4 e2m1 code: magnitudes 0,.5,1,1.5,2,3,4,6 -> 0..7, ties to the even
-// code, saturating; bit 3 = sign of q; NaN -> 0.
-KV_DEVICE uint8_t kv_e2m1_from_f32(float q) {
-    uint32_t sign = (kv_f2u(q) >> 28) & 8u;
-    float m = kv_fabsf(q);
-    // Below 1 the grid is 0, .5, 1: the code is 2m rounded to an integer
-    // (ties to even), read off 2^23 + 2m. From 1 up the codes follow the f32
-    // bits: exponent and top mantissa bit, rounded to nearest even on the
-    // rest, minus 1.0's bits; then saturated at 7.
-    // (2m is exact below 1, so the fma's single rounding is that of the
-    // twin's m * 2 + 2^23; above 1 the value is unused.)
-    uint32_t sub = kv_f2u(kv_fmaf(m, 2.0f, 8388608.0f)) - 0x4b000000u;
-    uint32_t b = kv_f2u(m);
-    uint32_t nrm = ((b + 0x1fffffu + ((b >> 22) & 1u)) >> 22) - 252u;
-    nrm = nrm < 7u ? nrm : 7u;
-    uint32_t code = m < 1.0f ? sub : nrm;
-    // A NaN fails the compare and takes the normal branch; it gets code 0 and
-    // loses its sign.
-    return (uint8_t)((q != q) ? 0u : (sign | code));
+// e2m1 magnitude code 0..7 of a non-negative q (NaN: 7): min(2q, q + 2,
+// q/2 + 4) rounded to the nearest even integer, each line rounded once at
+// unit spacing by adding 2^23; the code is in the low bits.
+KV_DEVICE uint32_t kv_e2m1_magnitude(float q) {
+    const float M = 8388608.0f;
+    float c1 = kv_fmaf(q, 2.0f, M);
+    float c2 = q + (M + 2.0f);
+    float c3 = kv_fmaf(q, 0.5f, M + 4.0f);
+    float c = kv_fmin_nan_ignoring(kv_fmin_nan_ignoring(c1, c2), kv_fmin_nan_ignoring(c3, M + 7.0f));
+    return kv_f2u(c) & 7u;
 }

@@ -110,15 +110,16 @@ KV_DEVICE float kv_pool2(float kv0, float s0, float kv1, float s1) {
     return kv_divf(kv0 * w0 + kv1 * w1, w0 + w1);
 }
 
-// r / s for an NVFP4 tile given y = kv_divf(1, s): Markstein's correction
-// of r * y (see math::div_by_scale).
-KV_DEVICE float kv_div_by_scale(float r, float s, float y) {
-    float q0 = r * y;
-    float res = kv_fmaf(-q0, s, r);
-    float q1 = kv_fmaf(res, y, q0);
-    // Selects, not branches: a data-dependent branch per element serializes.
-    bool keep = !(kv_fabs(q0) <= kv_u2f(0x7f7fffffu)) || res == 0.0f;  // q0 infinite/NaN, or exact
-    return keep ? q0 : q1;
+// NVFP4 code of r in a tile of scale s, y = f32(1 / s): e2m1(f32(r / s))
+// without dividing (see math::e2m1_of_quotient): |r| with NaN -> 0, one
+// product and Markstein's correction (NaN, hence code 7, if it overflowed),
+// the sign of min(r, inf), which a NaN does not have.
+KV_DEVICE uint32_t kv_e2m1_of_quotient(float r, float s, float y) {
+    float a = kv_fmax_nonneg(kv_fabsf(r), 0.0f);
+    float q0 = a * y;
+    float q = kv_fmaf(kv_fmaf(-q0, s, a), y, q0);
+    uint32_t sign = (kv_f2u(kv_fmin_nan_ignoring(r, kv_u2f(0x7f800000u))) >> 28) & 8u;
+    return sign | kv_e2m1_magnitude(q);
 }
 
 // GPT-J rotation of one pair.

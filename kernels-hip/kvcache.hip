@@ -145,6 +145,12 @@ KV_DEVICE int64_t kv_load_index(const void* p, bool is64, int64_t i) {
 // where the division is far cheaper (a 64-bit one is a long software
 // sequence on both vendors and costs scalar registers on AMD).
 KV_DEVICE int64_t kv_divmod(int64_t a, int64_t b, int64_t* rem) {
+    // Page sizes are powers of two in practice: a shift and a mask (b is the
+    // same for the whole launch, so the branch does not diverge).
+    if ((b & (b - 1)) == 0) {
+        *rem = a & (b - 1);
+        return a >> (63 - __builtin_clzll((uint64_t)b));
+    }
     if (((uint64_t)a | (uint64_t)b) <= 0xffffffffull) {
         uint32_t q = (uint32_t)a / (uint32_t)b;
         *rem = (int64_t)((uint32_t)a - q * (uint32_t)b);
@@ -400,12 +406,12 @@ KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint8_t out[8]) {
     float amax = kv_amax16(r);
     float t = kv_min_nan_ignoring(kv_fmax_nonneg(amax * KV_INV_6, KV_NVFP4_SCALE_MIN), 448.0f);
     uint8_t code = kv_e4m3_from_f32_nonnan(t);  // t is finite: in [2^-9, 448]
-    float scale = kv_e4m3_to_f32(code);
-    float y = kv_e4m3_recip(code);  // f32(1 / scale), exactly, without a division
+    float scale, y;
+    kv_nvfp4_scale(code, &scale, &y);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        uint8_t lo = kv_e2m1_from_f32(kv_div_by_scale(r[2 * k], scale, y));
-        uint8_t hi = kv_e2m1_from_f32(kv_div_by_scale(r[2 * k + 1], scale, y));
+        uint32_t lo = kv_e2m1_of_quotient(r[2 * k], scale, y);
+        uint32_t hi = kv_e2m1_of_quotient(r[2 * k + 1], scale, y);
         out[k] = (uint8_t)(lo | (hi << 4));
     }
     return code;

@@ -116,11 +116,18 @@ KV_DEVICE float kv_divf(float a, float b) { return a / b; }
 
 KV_DEVICE float kv_fabsf(float x) { return __builtin_fabsf(x); }  // clears the sign bit, exact
 
-// NaN-ignoring max of two values that are each non-negative or NaN. The
-// CUDA prelude uses max.f32 here; AMD's v_max_f32 may return NaN for a
-// signaling NaN operand (a BF16 NaN widened to f32 is one), so the select
-// (kv_max_nan_ignoring's) stays.
-KV_DEVICE float kv_fmax_nonneg(float a, float b) { return (b > a || a != a) ? b : a; }
+// NaN-ignoring max of two values that are each non-negative or NaN (so no
+// +0/-0 tie). LLVM's maxnum returns the non-NaN operand: in IEEE mode it
+// first quiets an operand that may be a signaling NaN (a BF16 NaN widened
+// to f32 is one; v_max_f32 alone would return NaN for it) with one
+// v_max_f32 x, x, and skips that for arithmetic results. A select instead
+// costs a compare mask, two SGPRs on wave64, per use: the fused CR2 kernels
+// ran out of them.
+KV_DEVICE float kv_fmax_nonneg(float a, float b) { return __builtin_fmaxf(a, b); }
+
+// NaN-ignoring min of two values that are never +0 and -0 together: LLVM's
+// minnum, as for kv_fmax_nonneg.
+KV_DEVICE float kv_fmin_nan_ignoring(float a, float b) { return __builtin_fminf(a, b); }
 
 KV_DEVICE uint32_t kv_f2u(float f) { return __builtin_bit_cast(uint32_t, f); }
 KV_DEVICE float kv_u2f(uint32_t u) { return __builtin_bit_cast(float, u); }

@@ -103,13 +103,16 @@ pub fn e4m3_to_f32(c: u8) -> f32 {
     }
 }
 
-/// `f32(1 / v)` for the value `v` of a positive, finite, non-zero e4m3 code
-/// (1..=0x7E), from the code's bits: a table of the eight mantissas'
-/// reciprocals (seven for subnormals) scaled by a power of two, which is
-/// exact. Used for NVFP4 tile scales (with [`crate::math::div_by_scale`]).
+/// The value `s` of an NVFP4 tile scale code (a positive, finite, non-zero
+/// e4m3 code, 1..=0x7E) and `f32(1 / s)`, both exact and without a division.
+/// A subnormal code's value `m 2^-9` is computed as `(1 + m/8) 2^-6 - 2^-6`
+/// (an exact difference), so both kinds share one formula; the reciprocal is
+/// the rounded reciprocal of `s`'s mantissa `P = 1 + j/8` (a table of eight)
+/// times `2^-k`, which is exact because scaling by a power of two commutes
+/// with rounding in the normal range.
 #[inline]
-pub fn e4m3_recip(code: u8) -> f32 {
-    const NORMAL: [u32; 8] = [
+pub fn nvfp4_scale(code: u8) -> (f32, f32) {
+    const RECIP_P: [u32; 8] = [
         0x3f80_0000,
         0x3f63_8e39,
         0x3f4c_cccd,
@@ -119,25 +122,35 @@ pub fn e4m3_recip(code: u8) -> f32 {
         0x3f12_4925,
         0x3f08_8889,
     ];
-    const SUBNORMAL: [u32; 8] = [
-        0,
-        0x3f80_0000,
-        0x3f00_0000,
-        0x3eaa_aaab,
-        0x3e80_0000,
-        0x3e4c_cccd,
-        0x3e2a_aaab,
-        0x3e12_4925,
-    ];
-    let e = ((code >> 3) & 0xf) as i32;
-    let m = (code & 7) as usize;
-    if e == 0 {
-        // v = m 2^-9: 1/v = (1/m) 2^9.
-        f32::from_bits(SUBNORMAL[m]) * 512.0
-    } else {
-        // v = (1 + m/8) 2^(e-7): 1/v = (8/(8+m)) 2^(7-e).
-        f32::from_bits(NORMAL[m]) * pow2(7 - e)
-    }
+    let e = ((code >> 3) & 0xf) as u32;
+    let m = (code & 7) as u32;
+    let v = f32::from_bits(((e.max(1) + 120) << 23) | (m << 20));
+    let s = if e == 0 { v - f32::from_bits(0x3c80_0000) } else { v };
+    let sb = s.to_bits();
+    let j = ((sb >> 20) & 7) as usize;
+    let k = (sb >> 23) as i32 - 127;
+    (s, f32::from_bits(RECIP_P[j]) * pow2(-k))
+}
+
+/// Code 0..=7 of the e2m1 magnitude nearest a non-negative `q` (ties to the
+/// even code, saturating at 6; a NaN gives 7). The grid `0, .5, 1, 1.5, 2, 3,
+/// 4, 6` is where `min(2q, q + 2, q/2 + 4)` takes the integers 0..=6, and
+/// that concave function crosses half-integers exactly at the grid's
+/// midpoints, so the code is it rounded to the nearest even integer. Each
+/// line is rounded once by adding 2^23 (exact multiplications by 2 and 1/2,
+/// then one rounding at unit spacing); rounding commutes with `min`; the
+/// integer sits in the low bits of 2^23 + code.
+#[inline]
+pub fn e2m1_magnitude(q: f32) -> u32 {
+    const M: f32 = 8_388_608.0;
+    let c1 = q.mul_add(2.0, M);
+    let c2 = q + (M + 2.0);
+    let c3 = q.mul_add(0.5, M + 4.0);
+    let c = crate::math::min_nan_ignoring(
+        crate::math::min_nan_ignoring(c1, c2),
+        crate::math::min_nan_ignoring(c3, M + 7.0),
+    );
+    c.to_bits() & 7
 }
 
 /// FP4 e2m1 code of `q`: magnitudes `0, .5, 1, 1.5, 2, 3, 4, 6` are codes
@@ -146,27 +159,11 @@ pub fn e4m3_recip(code: u8) -> f32 {
 /// that rounds to a negative zero) gives 8. A NaN gives code 0.
 #[inline]
 pub fn e2m1_from_f32(q: f32) -> u8 {
-    let b = q.to_bits();
-    let sign = (b >> 28) & 8;
-    let m = f32::from_bits(b & 0x7fff_ffff);
-    // Below 1 the grid is 0, .5, 1: the code is 2m rounded to an integer
-    // (ties to even), read off 2^23 + 2m. From 1 up the codes follow the f32
-    // bits: exponent and top mantissa bit, rounded to nearest even on the
-    // rest, minus 1.0's bits; then saturated at 7. No branch on the value,
-    // like the kernels (kv_e2m1_from_f32).
-    // (2m is exact below 1, so this single rounding equals the kernels' fma.)
-    let sub = (m * 2.0 + 8_388_608.0).to_bits().wrapping_sub(0x4b00_0000);
-    let mb = m.to_bits();
-    let nrm = ((mb + 0x1f_ffff + ((mb >> 22) & 1)) >> 22) - 252;
-    let nrm = nrm.min(7);
-    let code = if m < 1.0 { sub } else { nrm };
-    // A NaN fails the compare and takes the normal branch; it gets code 0
-    // and loses its sign.
     if q.is_nan() {
-        0
-    } else {
-        (sign | code) as u8
+        return 0;
     }
+    let sign = (q.to_bits() >> 28) & 8;
+    (sign | e2m1_magnitude(q.abs())) as u8
 }
 
 /// FP4 e2m1 code (low 4 bits) → f32.
@@ -236,14 +233,12 @@ mod tests {
     }
 
     #[test]
-    fn e4m3_recip_is_the_rounded_reciprocal() {
+    fn nvfp4_scale_is_the_value_and_its_rounded_reciprocal() {
         for code in 1u8..=0x7e {
             let v = e4m3_to_f32(code);
-            assert_eq!(
-                e4m3_recip(code).to_bits(),
-                (1.0 / v).to_bits(),
-                "code {code:#04x}"
-            );
+            let (s, y) = nvfp4_scale(code);
+            assert_eq!(s.to_bits(), v.to_bits(), "code {code:#04x}");
+            assert_eq!(y.to_bits(), (1.0 / v).to_bits(), "code {code:#04x}");
         }
     }
 

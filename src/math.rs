@@ -242,24 +242,23 @@ pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
     (kv0 * w0 + kv1 * w1) / (w0 + w1)
 }
 
-/// `r / s` for an NVFP4 tile, as the kernels compute it: one reciprocal per
-/// tile, `y = f32(1 / s)`, then per element `q0 = f32(r y)`, the exact
-/// residual `fma(-q0, s, r)` and Markstein's correction `fma(res, y, q0)`.
-/// Equal to the correctly rounded `r / s` for every normal quotient, and
-/// giving the same e2m1 code for every quotient (tested for every tile scale
-/// and every `r` whose quotient lies near the e2m1 grid); the division it
-/// replaces is a long subroutine on NVIDIA.
+/// NVFP4 code of `r` in a tile of scale `s` (`y = f32(1 / s)`, from
+/// [`nvfp4_scale`](crate::formats::nvfp4_scale)): `e2m1_from_f32(r / s)`
+/// with IEEE division, as the kernels compute it without dividing. The
+/// magnitude `a = |r|` (a NaN becomes 0, which is code 0) is divided by one
+/// product and Markstein's correction, `fma(fma(-q0, s, a), y, q0)` with
+/// `q0 = f32(a y)`: that is the correctly rounded `a / s` wherever a code
+/// can change (tests/formats_exhaustive.rs), and NaN when `q0` overflowed,
+/// which [`e2m1_magnitude`](crate::formats::e2m1_magnitude) saturates like
+/// the infinite quotient. The sign is `r`'s, except that a NaN has none:
+/// `min(r, inf)` turns a NaN into `+inf` and leaves everything else.
 #[inline]
-pub fn div_by_scale(r: f32, s: f32, y: f32) -> f32 {
-    let q0 = r * y;
-    let res = (-q0).mul_add(s, r);
-    let q1 = res.mul_add(y, q0);
-    // q0 infinite or NaN (r was), or already exact: keep it.
-    if !q0.is_finite() || res == 0.0 {
-        q0
-    } else {
-        q1
-    }
+pub fn e2m1_of_quotient(r: f32, s: f32, y: f32) -> u8 {
+    let a = max_nan_ignoring(r.abs(), 0.0);
+    let q0 = a * y;
+    let q = (-q0).mul_add(s, a).mul_add(y, q0);
+    let sign = (min_nan_ignoring(r, f32::INFINITY).to_bits() >> 28) & 8;
+    (sign | crate::formats::e2m1_magnitude(q)) as u8
 }
 
 /// GPT-J rotation of one pair: `(fma(e, c, -f32(o s)), fma(o, c, f32(e s)))`.

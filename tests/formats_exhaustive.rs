@@ -610,53 +610,64 @@ fn block_scale_exponent_every_exponent() {
     );
 }
 
-/// The kernels divide NVFP4 tiles by their scale with one reciprocal and
-/// Markstein's correction (`math::div_by_scale`). For every e4m3 tile scale
-/// and every positive `r` whose quotient lies in [2^-3, 2^4) (the e2m1
-/// grid's neighbourhood, where a quotient's last bit can move a code), the
-/// result must be the correctly rounded `r / s`; for every `r` at all
-/// (random over every exponent, NaN and infinities too) it must give the
-/// same e2m1 code.
+/// The kernels code NVFP4 elements with `math::e2m1_of_quotient` (one
+/// reciprocal, Markstein's correction, the three-line e2m1 rounding) instead
+/// of `e2m1(r / s)`. Exhaustive where a code can change: for each of the
+/// eight scale mantissas `P = 1 + j/8` (every scale is `P 2^k`, and every
+/// step of the kernel's computation commutes with the `2^k` in this range),
+/// every `r` of either sign with biased exponent 120..=135, i.e. quotients
+/// from below 2^-7 to above 2^8, well past both ends of the e2m1 grid
+/// (0.25 .. 5). Then every real scale code against random `r` of every
+/// exponent and the special values (zeros, subnormals, infinities, NaNs with
+/// several payloads and both signs, the largest finite values).
 #[test]
-fn nvfp4_division_by_reciprocal_is_exact() {
-    use dsv4_kvcache::formats::{e2m1_from_f32, e4m3_to_f32};
-    use dsv4_kvcache::math::div_by_scale;
+fn nvfp4_codes_without_division_are_exact() {
+    use dsv4_kvcache::formats::{e2m1_from_f32, nvfp4_scale};
+    use dsv4_kvcache::math::e2m1_of_quotient;
     use rayon::prelude::*;
-    // Mantissa classes of the e4m3 scales: s = P * 2^k, P = 1 + m/8. The
-    // division commutes with the 2^k (no under/overflow in this range), so
-    // the eight P cover every scale; each is checked at 2^0.
-    let bad: u64 = (0u32..8)
+    let bad: u64 = (0u32..16)
         .into_par_iter()
-        .map(|m| {
-            let s = 1.0 + m as f32 / 8.0;
-            let y = 1.0 / s;
+        .map(|task| {
+            // Scale code 0x38 + j has exponent 0: s = P exactly.
+            let j = task / 2;
+            let sign = (task % 2) << 31;
+            let (s, y) = nvfp4_scale(0x38 + j as u8);
             let mut bad = 0u64;
-            // r in [s 2^-3, s 2^4): biased exponents 124 ..= 131 (r < 32).
-            for bits in (124u32 << 23)..(132u32 << 23) {
-                let r = f32::from_bits(bits);
-                if div_by_scale(r, s, y).to_bits() != (r / s).to_bits() {
+            for bits in (120u32 << 23)..(136u32 << 23) {
+                let r = f32::from_bits(bits | sign);
+                if e2m1_of_quotient(r, s, y) != e2m1_from_f32(r / s) {
                     bad += 1;
                 }
             }
             bad
         })
         .sum();
-    assert_eq!(bad, 0, "reciprocal division differs from r / s");
-    // Every actual scale code, random r of every exponent and the specials.
+    assert_eq!(bad, 0, "codes without division differ from e2m1(r / s)");
     let mut x = 0x9e37_79b9u32;
     for code in 1u8..=126 {
-        let s = e4m3_to_f32(code);
-        let y = 1.0 / s;
+        let (s, y) = nvfp4_scale(code);
         let mut rs: Vec<f32> = vec![
             0.0,
             -0.0,
+            f32::from_bits(1),
+            f32::from_bits(0x8000_0001),
+            f32::MIN_POSITIVE,
             f32::INFINITY,
             f32::NEG_INFINITY,
             f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xff80_0001),
+            f32::from_bits(0x7fff_ffff),
             f32::MAX,
-            f32::MIN_POSITIVE,
+            f32::MIN,
         ];
-        for _ in 0..20_000 {
+        for t in [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] {
+            // The decision points of this scale and their neighbours.
+            let d = t * s;
+            rs.extend([d, next_down(d), next_up(d), -d, -next_down(d), -next_up(d)]);
+        }
+        for _ in 0..50_000 {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
@@ -664,7 +675,7 @@ fn nvfp4_division_by_reciprocal_is_exact() {
         }
         for r in rs {
             assert_eq!(
-                e2m1_from_f32(div_by_scale(r, s, y)),
+                e2m1_of_quotient(r, s, y),
                 e2m1_from_f32(r / s),
                 "scale code {code:#04x}, r = {r:e} ({:#010x})",
                 r.to_bits()
