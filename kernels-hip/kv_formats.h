@@ -88,12 +88,12 @@ KV_DEVICE uint8_t kv_e4m3_from_f32_nonnan(float x) {
 
 // e2m1 magnitude code 0..7 of a non-negative q (NaN: 7): min(2q, q + 2,
 // q/2 + 4) rounded to the nearest even integer, each line rounded once at
-// unit spacing by adding 2^23; the code is in the low bits.
-KV_DEVICE uint32_t kv_e2m1_magnitude(float q) {
+// unit spacing by adding 2^23. Returns the bits of 2^23 + code: the code is
+// in the low three bits and bits 3..23 are zero.
+KV_DEVICE uint32_t kv_e2m1_magnitude_bits(float q) {
     const float M = 8388608.0f;
     float c1 = kv_fmaf(q, 2.0f, M);
     float c2 = q + (M + 2.0f);
     float c3 = kv_fmaf(q, 0.5f, M + 4.0f);
-    float c = kv_fmin_nan_ignoring(kv_fmin_nan_ignoring(c1, c2), kv_fmin_nan_ignoring(c3, M + 7.0f));
-    return kv_f2u(c) & 7u;
+    return kv_f2u(kv_fmin_nan_ignoring(kv_fmin_nan_ignoring(c1, c2), kv_fmin_nan_ignoring(c3, M + 7.0f)));
 }

@@ -113,13 +113,14 @@ KV_DEVICE float kv_pool2(float kv0, float s0, float kv1, float s1) {
 // NVFP4 code of r in a tile of scale s, y = f32(1 / s): e2m1(f32(r / s))
 // without dividing (see math::e2m1_of_quotient): |r| with NaN -> 0, one
 // product and Markstein's correction (NaN, hence code 7, if it overflowed),
-// the sign of min(r, inf), which a NaN does not have.
-KV_DEVICE uint32_t kv_e2m1_of_quotient(float r, float s, float y) {
+// the sign of min(r, inf), which a NaN does not have. The sign is added
+// above the magnitude's three bits, which are followed by zeros.
+KV_DEVICE uint8_t kv_e2m1_of_quotient(float r, float s, float y) {
     float a = kv_fmax_nonneg(kv_fabsf(r), 0.0f);
     float q0 = a * y;
     float q = kv_fmaf(kv_fmaf(-q0, s, a), y, q0);
     uint32_t sign = (kv_f2u(kv_fmin_nan_ignoring(r, kv_u2f(0x7f800000u))) >> 28) & 8u;
-    return sign | kv_e2m1_magnitude(q);
+    return (uint8_t)(kv_e2m1_magnitude_bits(q) | sign);
 }
 
 // GPT-J rotation of one pair.

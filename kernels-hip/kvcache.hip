@@ -410,9 +410,9 @@ KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint8_t out[8]) {
     kv_nvfp4_scale(code, &scale, &y);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        uint32_t lo = kv_e2m1_of_quotient(r[2 * k], scale, y);
-        uint32_t hi = kv_e2m1_of_quotient(r[2 * k + 1], scale, y);
-        out[k] = (uint8_t)(lo | (hi << 4));
+        uint8_t lo = kv_e2m1_of_quotient(r[2 * k], scale, y);
+        uint8_t hi = kv_e2m1_of_quotient(r[2 * k + 1], scale, y);
+        out[k] = (uint8_t)(lo + (hi << 4));
     }
     return code;
 }
@@ -842,7 +842,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRing
 }
 
 #define KV_INSERT_KERNEL(name, LAYOUT)                                              \
-    KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
+    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
         int64_t t = kv_group(p.flags);                                              \
         if (t < p.n) kv_insert_token<LAYOUT>(p, t, kv_lane());                      \
     }

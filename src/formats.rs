@@ -132,25 +132,25 @@ pub fn nvfp4_scale(code: u8) -> (f32, f32) {
     (s, f32::from_bits(RECIP_P[j]) * pow2(-k))
 }
 
-/// Code 0..=7 of the e2m1 magnitude nearest a non-negative `q` (ties to the
-/// even code, saturating at 6; a NaN gives 7). The grid `0, .5, 1, 1.5, 2, 3,
-/// 4, 6` is where `min(2q, q + 2, q/2 + 4)` takes the integers 0..=6, and
-/// that concave function crosses half-integers exactly at the grid's
-/// midpoints, so the code is it rounded to the nearest even integer. Each
-/// line is rounded once by adding 2^23 (exact multiplications by 2 and 1/2,
-/// then one rounding at unit spacing); rounding commutes with `min`; the
-/// integer sits in the low bits of 2^23 + code.
+/// The e2m1 magnitude nearest a non-negative `q` (ties to the even code,
+/// saturating at 6; a NaN gives code 7), as the bits of `2^23 + code`: the code
+/// 0..=7 is in the low three bits, bits 3..=22 are zero. The grid `0, .5, 1,
+/// 1.5, 2, 3, 4, 6` is where `min(2q, q + 2, q/2 + 4)` takes the integers
+/// 0..=6, and that concave function crosses half-integers exactly at the
+/// grid's midpoints, so the code is it rounded to the nearest even integer.
+/// Each line is rounded once by adding 2^23 (exact multiplications by 2 and
+/// 1/2, then one rounding at unit spacing); rounding commutes with `min`.
 #[inline]
-pub fn e2m1_magnitude(q: f32) -> u32 {
+pub fn e2m1_magnitude_bits(q: f32) -> u32 {
     const M: f32 = 8_388_608.0;
     let c1 = q.mul_add(2.0, M);
     let c2 = q + (M + 2.0);
     let c3 = q.mul_add(0.5, M + 4.0);
-    let c = crate::math::min_nan_ignoring(
+    crate::math::min_nan_ignoring(
         crate::math::min_nan_ignoring(c1, c2),
         crate::math::min_nan_ignoring(c3, M + 7.0),
-    );
-    c.to_bits() & 7
+    )
+    .to_bits()
 }
 
 /// FP4 e2m1 code of `q`: magnitudes `0, .5, 1, 1.5, 2, 3, 4, 6` are codes
@@ -163,7 +163,7 @@ pub fn e2m1_from_f32(q: f32) -> u8 {
         return 0;
     }
     let sign = (q.to_bits() >> 28) & 8;
-    (sign | e2m1_magnitude(q.abs())) as u8
+    (sign | (e2m1_magnitude_bits(q.abs()) & 7)) as u8
 }
 
 /// FP4 e2m1 code (low 4 bits) → f32.

@@ -249,16 +249,17 @@ pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
 /// product and Markstein's correction, `fma(fma(-q0, s, a), y, q0)` with
 /// `q0 = f32(a y)`: that is the correctly rounded `a / s` wherever a code
 /// can change (tests/formats_exhaustive.rs), and NaN when `q0` overflowed,
-/// which [`e2m1_magnitude`](crate::formats::e2m1_magnitude) saturates like
-/// the infinite quotient. The sign is `r`'s, except that a NaN has none:
-/// `min(r, inf)` turns a NaN into `+inf` and leaves everything else.
+/// which [`e2m1_magnitude_bits`](crate::formats::e2m1_magnitude_bits)
+/// saturates like the infinite quotient. The sign is `r`'s, except that a
+/// NaN has none: `min(r, inf)` turns a NaN into `+inf` and leaves everything
+/// else; it goes to bit 3, above the magnitude bits' zeros.
 #[inline]
 pub fn e2m1_of_quotient(r: f32, s: f32, y: f32) -> u8 {
     let a = max_nan_ignoring(r.abs(), 0.0);
     let q0 = a * y;
     let q = (-q0).mul_add(s, a).mul_add(y, q0);
     let sign = (min_nan_ignoring(r, f32::INFINITY).to_bits() >> 28) & 8;
-    (sign | crate::formats::e2m1_magnitude(q)) as u8
+    (crate::formats::e2m1_magnitude_bits(q) | sign) as u8
 }
 
 /// GPT-J rotation of one pair: `(fma(e, c, -f32(o s)), fma(o, c, f32(e s)))`.
