@@ -816,7 +816,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2(const KvCompre
     kv_compress<false, 0>(c, 0, 2);
 }
 
-KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2_team(const KvCompressParams c) {
+KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void kv_compress_cr2_team(const KvCompressParams c) {
     kv_compress_cr2_team<false, 0>(c, 0);
 }
 
@@ -870,7 +870,7 @@ KV_FUSED_KERNEL(kv_fused_cr2_bf16, 2, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS_2)
 KV_FUSED_KERNEL(kv_fused_cr2_fp8, 2, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_2)
 
 #define KV_FUSED_TEAM_KERNEL(name, LAYOUT)                                          \
-    KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \
+    KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void name(const KvFusedParams p) { \
         kv_compress_cr2_team<true, LAYOUT>(p.c, &p.i);                              \
     }
 

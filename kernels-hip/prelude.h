@@ -37,6 +37,7 @@
 #define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 #define KV_LAUNCH_BOUNDS_2(n) __launch_bounds__(n)
 #define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n)
+#define KV_LAUNCH_BOUNDS_9(n) __launch_bounds__(n)
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }
 KV_DEVICE unsigned kv_bid() { return blockIdx.x; }
@@ -62,6 +63,7 @@ typedef __INT64_TYPE__ int64_t;
 // The CUDA prelude's occupancy variant; AMD has no such knob in use here.
 #define KV_LAUNCH_BOUNDS_2(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 #define KV_LAUNCH_BOUNDS_6(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define KV_LAUNCH_BOUNDS_9(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 
 KV_DEVICE unsigned kv_tid() { return __builtin_amdgcn_workitem_id_x(); }
 KV_DEVICE unsigned kv_bid() { return __builtin_amdgcn_workgroup_id_x(); }

@@ -125,7 +125,11 @@ pub fn nvfp4_scale(code: u8) -> (f32, f32) {
     let e = ((code >> 3) & 0xf) as u32;
     let m = (code & 7) as u32;
     let v = f32::from_bits(((e.max(1) + 120) << 23) | (m << 20));
-    let s = if e == 0 { v - f32::from_bits(0x3c80_0000) } else { v };
+    let s = if e == 0 {
+        v - f32::from_bits(0x3c80_0000)
+    } else {
+        v
+    };
     let sb = s.to_bits();
     let j = ((sb >> 20) & 7) as usize;
     let k = (sb >> 23) as i32 - 127;

@@ -1733,15 +1733,25 @@ impl Job for BenchJob {
             }
         }
 
-        // Fused compress + insert vs the two calls, at decode sizes.
+        // Fused compress + insert vs the two calls: at decode sizes, then at
+        // the prefill sizes asked for (1024 tokens and up), where CR2 also
+        // runs as a few long requests and, above the team threshold, on the
+        // one-group fused kernels.
         println!();
         println!("fused compress + insert vs the two separate calls:");
         println!("| case | layout | T | fused µs | compress + insert µs | fused saves |");
         println!("| --- | --- | ---: | ---: | ---: | ---: |");
         let mut fused_rows = Vec::new();
-        for t in [1usize, 16, 128] {
-            for (case, cr, requests) in [("CR1", 1u32, 1usize), ("CR2, T one-token requests", 2, t)]
-            {
+        let fused_sizes: Vec<usize> = [1usize, 16, 128]
+            .into_iter()
+            .chain(tokens.iter().copied().filter(|&t| t >= 1024))
+            .collect();
+        for t in fused_sizes {
+            let mut cases = vec![("CR1", 1u32, 1usize), ("CR2, T one-token requests", 2, t)];
+            if t >= 1024 {
+                cases.push(("CR2, 4 requests of T/4", 2, 4));
+            }
+            for (case, cr, requests) in cases {
                 for l in RecordLayout::ALL {
                     let spec = CaseSpec {
                         op: Op::FusedCompressInsert,
