@@ -35,6 +35,9 @@
 // (H200, 65536 tokens: NVFP4 44.5 -> 40.6 us, V4 41.4 -> 39.0, every layout
 // faster; seven blocks would mean 32 registers, and spills).
 #define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n, 6)
+// Five blocks per SM, at most 48 registers: the fused CR1 kernels (the
+// insert's work plus the norm; at 40 registers they spill).
+#define KV_LAUNCH_BOUNDS_5(n) __launch_bounds__(n, 5)
 
 // Nine team blocks (of 128) per SM, at most 56 registers: the CR2 team
 // kernels at 56 where the fused NVFP4 one had grown to 72, i.e. 28 warps per

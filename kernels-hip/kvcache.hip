@@ -808,7 +808,7 @@ KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertPar
 
 // ---- entry points ------------------------------------------------------------
 
-KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr1(const KvCompressParams c) {
+KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void kv_compress_cr1(const KvCompressParams c) {
     kv_compress<false, 0>(c, 0, 1);
 }
 
@@ -858,11 +858,11 @@ KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8)
         kv_compress<true, LAYOUT>(p.c, &p.i, CR);                         \
     }
 
-KV_FUSED_KERNEL(kv_fused_cr1_v4, 1, KV_LAYOUT_V4, KV_LAUNCH_BOUNDS)
-KV_FUSED_KERNEL(kv_fused_cr1_mxfp8, 1, KV_LAYOUT_MXFP8, KV_LAUNCH_BOUNDS)
-KV_FUSED_KERNEL(kv_fused_cr1_nvfp4, 1, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS)
-KV_FUSED_KERNEL(kv_fused_cr1_bf16, 1, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS)
-KV_FUSED_KERNEL(kv_fused_cr1_fp8, 1, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS)
+KV_FUSED_KERNEL(kv_fused_cr1_v4, 1, KV_LAYOUT_V4, KV_LAUNCH_BOUNDS_5)
+KV_FUSED_KERNEL(kv_fused_cr1_mxfp8, 1, KV_LAYOUT_MXFP8, KV_LAUNCH_BOUNDS_5)
+KV_FUSED_KERNEL(kv_fused_cr1_nvfp4, 1, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS_5)
+KV_FUSED_KERNEL(kv_fused_cr1_bf16, 1, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS_5)
+KV_FUSED_KERNEL(kv_fused_cr1_fp8, 1, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_5)
 KV_FUSED_KERNEL(kv_fused_cr2_v4, 2, KV_LAYOUT_V4, KV_LAUNCH_BOUNDS_2)
 KV_FUSED_KERNEL(kv_fused_cr2_mxfp8, 2, KV_LAYOUT_MXFP8, KV_LAUNCH_BOUNDS_2)
 KV_FUSED_KERNEL(kv_fused_cr2_nvfp4, 2, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS_2)

@@ -36,6 +36,7 @@
 #define KV_RESTRICT __restrict__
 #define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 #define KV_LAUNCH_BOUNDS_2(n) __launch_bounds__(n)
+#define KV_LAUNCH_BOUNDS_5(n) __launch_bounds__(n)
 #define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n)
 #define KV_LAUNCH_BOUNDS_9(n) __launch_bounds__(n)
 
@@ -62,6 +63,7 @@ typedef __INT64_TYPE__ int64_t;
 #define KV_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 // The CUDA prelude's occupancy variant; AMD has no such knob in use here.
 #define KV_LAUNCH_BOUNDS_2(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define KV_LAUNCH_BOUNDS_5(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 #define KV_LAUNCH_BOUNDS_6(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 #define KV_LAUNCH_BOUNDS_9(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 
