@@ -1191,15 +1191,23 @@ pub mod cases {
     #[derive(Debug, Clone)]
     pub struct Rng(u64);
 
+    const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
     impl Rng {
         /// A generator from a seed.
         pub fn new(seed: u64) -> Self {
-            Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+            Rng(seed ^ GAMMA)
+        }
+
+        /// The generator `n` draws ahead: SplitMix64's state is a counter,
+        /// so this equals calling [`next_u64`](Self::next_u64) `n` times.
+        pub fn skipped(&self, n: u64) -> Rng {
+            Rng(self.0.wrapping_add(n.wrapping_mul(GAMMA)))
         }
 
         /// 64 random bits.
         pub fn next_u64(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            self.0 = self.0.wrapping_add(GAMMA);
             let mut z = self.0;
             z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
             z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -1223,9 +1231,21 @@ pub mod cases {
             ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
         }
 
-        /// `n` random bytes.
+        /// `n` random bytes (one draw each; computed on all cores, the same
+        /// as drawing them one by one).
         pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next_u64() as u8).collect()
+            use rayon::prelude::*;
+            const CHUNK: usize = 1 << 16;
+            let base = self.clone();
+            let mut out = vec![0u8; n];
+            out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
+                let mut r = base.skipped((i * CHUNK) as u64);
+                for b in c.iter_mut() {
+                    *b = r.next_u64() as u8;
+                }
+            });
+            *self = base.skipped(n as u64);
+            out
         }
 
         /// A random permutation of `0..n`.
@@ -1243,15 +1263,18 @@ pub mod cases {
     /// `sin(p θ_k)` in 32..64, `θ_k = 10000^(-2k/64)`, computed in f64 and
     /// rounded to f32 (as the seed harness does).
     pub fn rope_cos_sin(rows: usize) -> Vec<f32> {
+        use rayon::prelude::*;
+        let theta: Vec<f64> = (0..32)
+            .map(|k| 10000f64.powf(-2.0 * k as f64 / 64.0))
+            .collect();
         let mut t = vec![0.0f32; rows * 64];
-        for p in 0..rows {
+        t.par_chunks_mut(64).enumerate().for_each(|(p, row)| {
             for k in 0..32 {
-                let theta = 10000f64.powf(-2.0 * k as f64 / 64.0);
-                let a = p as f64 * theta;
-                t[p * 64 + k] = a.cos() as f32;
-                t[p * 64 + 32 + k] = a.sin() as f32;
+                let a = p as f64 * theta[k];
+                row[k] = a.cos() as f32;
+                row[32 + k] = a.sin() as f32;
             }
-        }
+        });
         t
     }
 
@@ -1351,6 +1374,36 @@ pub mod cases {
         }
     }
 
+    /// `n` values of [`Rng::normal`], the same as drawing them one by one
+    /// (each takes two draws), computed on all cores: the large benchmark
+    /// cases need tens of millions.
+    pub fn normals(rng: &mut Rng, n: usize) -> Vec<f32> {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 15;
+        let base = rng.clone();
+        let mut out = vec![0.0f32; n];
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
+            let mut r = base.skipped(2 * (i * CHUNK) as u64);
+            for v in c.iter_mut() {
+                *v = r.normal();
+            }
+        });
+        *rng = base.skipped(2 * n as u64);
+        out
+    }
+
+    /// `rows` latent rows (BF16 bits), adversarial values in some rows.
+    fn bf16_rows(rng: &mut Rng, rows: usize, adversarial: bool) -> Vec<u16> {
+        if !adversarial {
+            // Without adversarial rows the draws are all normals.
+            return normals(rng, rows * DIM)
+                .into_iter()
+                .map(bf16_from_f32)
+                .collect();
+        }
+        (0..rows).flat_map(|_| bf16_row(rng, adversarial)).collect()
+    }
+
     fn bf16_row(rng: &mut Rng, adversarial: bool) -> Vec<u16> {
         let mut v: Vec<f32> = (0..DIM).map(|_| rng.normal()).collect();
         if adversarial && rng.below(4) == 0 {
@@ -1360,6 +1413,10 @@ pub mod cases {
     }
 
     fn f32_rows(rng: &mut Rng, rows: usize, width: usize, adversarial: bool) -> Vec<f32> {
+        if !adversarial {
+            // Without adversarial rows the draws are all normals.
+            return normals(rng, rows * width);
+        }
         let mut out = Vec::with_capacity(rows * width);
         for _ in 0..rows {
             let mut v: Vec<f32> = (0..width).map(|_| rng.normal()).collect();
@@ -1503,9 +1560,7 @@ pub mod cases {
         let positions: Vec<i64> = (0..t as i64).collect();
         match s.op {
             Op::RopeQuantInsert => {
-                let latent: Vec<u16> = (0..t)
-                    .flat_map(|_| bf16_row(&mut rng, s.adversarial))
-                    .collect();
+                let latent = bf16_rows(&mut rng, t, s.adversarial);
                 f.set_input("latent", VTensor::bf16_bits(&[t, DIM], &latent));
                 f.set_input("positions", VTensor::i64(&[t], &positions));
                 let slots = cache_slots(&mut rng, t, s.adversarial);
@@ -1568,8 +1623,32 @@ pub mod cases {
 
 #[cfg(test)]
 mod tests {
-    use super::cases::{make_case, CaseSpec};
+    use super::cases::{make_case, normals, CaseSpec, Rng};
     use super::*;
+
+    #[test]
+    fn parallel_normals_are_the_sequential_draws() {
+        // Across chunk boundaries, and the generator ends where the
+        // sequential draws leave it.
+        for n in [0usize, 1, 32_767, 32_768, 100_003] {
+            let mut a = Rng::new(0x5eed + n as u64);
+            let mut b = a.clone();
+            let par = normals(&mut a, n);
+            let seq: Vec<f32> = (0..n).map(|_| b.normal()).collect();
+            assert_eq!(par.len(), n);
+            assert!(
+                par.iter()
+                    .zip(&seq)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "n = {n}"
+            );
+            assert_eq!(a.next_u64(), b.next_u64(), "state after n = {n}");
+            let par = a.bytes(n + 65_536);
+            let seq: Vec<u8> = (0..n + 65_536).map(|_| b.next_u64() as u8).collect();
+            assert_eq!(par, seq, "bytes, n = {n}");
+            assert_eq!(a.next_u64(), b.next_u64(), "state after the bytes, n = {n}");
+        }
+    }
 
     fn all_specs() -> Vec<CaseSpec> {
         let mut v = Vec::new();
