@@ -35,10 +35,6 @@
 #define KV_SHARED __shared__
 #define KV_RESTRICT __restrict__
 #define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n)
-#define KV_LAUNCH_BOUNDS_2(n) __launch_bounds__(n)
-#define KV_LAUNCH_BOUNDS_5(n) __launch_bounds__(n)
-#define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n)
-#define KV_LAUNCH_BOUNDS_9(n) __launch_bounds__(n)
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }
 KV_DEVICE unsigned kv_bid() { return blockIdx.x; }
@@ -61,11 +57,6 @@ typedef __INT64_TYPE__ int64_t;
 #define KV_RESTRICT __restrict__
 // Same mapping as hip_runtime.h's __launch_bounds__(n).
 #define KV_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
-// The CUDA prelude's occupancy variant; AMD has no such knob in use here.
-#define KV_LAUNCH_BOUNDS_2(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
-#define KV_LAUNCH_BOUNDS_5(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
-#define KV_LAUNCH_BOUNDS_6(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
-#define KV_LAUNCH_BOUNDS_9(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 
 KV_DEVICE unsigned kv_tid() { return __builtin_amdgcn_workitem_id_x(); }
 KV_DEVICE unsigned kv_bid() { return __builtin_amdgcn_workgroup_id_x(); }
@@ -86,6 +77,13 @@ KV_DEVICE void kv_sync() {
 #endif
 
 // ------------------------------------------- common to both AMD modes -------
+
+// The CUDA prelude's occupancy variants (blocks per SM, i.e. a register cap
+// for ptxas); on AMD they are the work-group size bound alone.
+#define KV_LAUNCH_BOUNDS_2(n) KV_LAUNCH_BOUNDS(n)
+#define KV_LAUNCH_BOUNDS_5(n) KV_LAUNCH_BOUNDS(n)
+#define KV_LAUNCH_BOUNDS_6(n) KV_LAUNCH_BOUNDS(n)
+#define KV_LAUNCH_BOUNDS_9(n) KV_LAUNCH_BOUNDS(n)
 
 // Lane index within the wavefront (0..63 on wave64, 0..31 on wave32).
 KV_DEVICE unsigned kv_lane_id_() {
