@@ -510,37 +510,46 @@ pub fn ring_rows_launch(p: &RingRowsPlan) -> Launch {
     }
 }
 
-/// The launch of a compress plan (CR2 in teams at decode sizes).
-pub fn compress_launch(p: &CompressPlan) -> Launch {
-    let items = compress_items(p);
-    if p.compress_ratio == 2 && cr2_uses_teams(items) {
+/// The launch of `items` compressor items: CR2 in teams at decode sizes
+/// (`team_kernel`), otherwise `kernel` with the usual geometry.
+fn compressor_launch(
+    compress_ratio: u32,
+    items: u64,
+    kernel: &'static str,
+    team_kernel: &'static str,
+) -> Launch {
+    if compress_ratio == 2 && cr2_uses_teams(items) {
         Launch {
-            kernel: "kv_compress_cr2_team",
+            kernel: team_kernel,
             geometry: team_geometry(items),
         }
     } else {
         Launch {
-            kernel: compress_kernel(p.compress_ratio),
+            kernel,
             geometry: geometry(items),
         }
     }
 }
 
+/// The launch of a compress plan (CR2 in teams at decode sizes).
+pub fn compress_launch(p: &CompressPlan) -> Launch {
+    compressor_launch(
+        p.compress_ratio,
+        compress_items(p),
+        compress_kernel(p.compress_ratio),
+        "kv_compress_cr2_team",
+    )
+}
+
 /// The launch of a fused plan (CR2 in teams at decode sizes).
 pub fn fused_launch(p: &FusedPlan) -> Launch {
-    let items = compress_items(&p.compress);
     let layout = p.insert.cache.layout;
-    if p.compress.compress_ratio == 2 && cr2_uses_teams(items) {
-        Launch {
-            kernel: fused_team_kernel(layout),
-            geometry: team_geometry(items),
-        }
-    } else {
-        Launch {
-            kernel: fused_kernel(p.compress.compress_ratio, layout),
-            geometry: geometry(items),
-        }
-    }
+    compressor_launch(
+        p.compress.compress_ratio,
+        compress_items(&p.compress),
+        fused_kernel(p.compress.compress_ratio, layout),
+        fused_team_kernel(layout),
+    )
 }
 
 /// A kernel parameter block: carries the launch's groups-per-block in its
