@@ -1231,20 +1231,31 @@ pub mod cases {
             ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
         }
 
-        /// `n` random bytes (one draw each; computed on all cores, the same
-        /// as drawing them one by one).
+        /// `n` random bytes (one draw each).
         pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+            self.par_draws(n, 1, |r| r.next_u64() as u8)
+        }
+
+        /// `n` values of `draw`, each taking `draws_each` draws: the same as
+        /// calling it `n` times in a row, computed on all cores (the state is
+        /// a counter, so each chunk starts from its own offset).
+        pub fn par_draws<T: Copy + Default + Send>(
+            &mut self,
+            n: usize,
+            draws_each: u64,
+            draw: impl Fn(&mut Rng) -> T + Sync,
+        ) -> Vec<T> {
             use rayon::prelude::*;
-            const CHUNK: usize = 1 << 16;
+            const CHUNK: usize = 1 << 15;
             let base = self.clone();
-            let mut out = vec![0u8; n];
+            let mut out = vec![T::default(); n];
             out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
-                let mut r = base.skipped((i * CHUNK) as u64);
-                for b in c.iter_mut() {
-                    *b = r.next_u64() as u8;
+                let mut r = base.skipped(draws_each * (i * CHUNK) as u64);
+                for v in c.iter_mut() {
+                    *v = draw(&mut r);
                 }
             });
-            *self = base.skipped(n as u64);
+            *self = base.skipped(draws_each * n as u64);
             out
         }
 
@@ -1378,18 +1389,7 @@ pub mod cases {
     /// (each takes two draws), computed on all cores: the large benchmark
     /// cases need tens of millions.
     pub fn normals(rng: &mut Rng, n: usize) -> Vec<f32> {
-        use rayon::prelude::*;
-        const CHUNK: usize = 1 << 15;
-        let base = rng.clone();
-        let mut out = vec![0.0f32; n];
-        out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
-            let mut r = base.skipped(2 * (i * CHUNK) as u64);
-            for v in c.iter_mut() {
-                *v = r.normal();
-            }
-        });
-        *rng = base.skipped(2 * n as u64);
-        out
+        rng.par_draws(n, 2, Rng::normal)
     }
 
     /// `rows` latent rows (BF16 bits), adversarial values in some rows.
