@@ -24,17 +24,24 @@
 #else
 #define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n, 3)
 #endif
-// Two blocks per SM: the one-group fused CR2 kernels carry the compressor's
-// ring state across the insert and spill at 80 registers. They run only for
-// launches above the team threshold (long prefills), and with blocks of 128
-// threads 96 registers still leave 20 warps per SM.
+// Two blocks per SM: the one-group fused CR2 kernels hold a CR2 item's two
+// rows (64 floats a lane) with the insert's state live and spill at 80
+// registers (88-93 without a bound). They run only for launches above the
+// team threshold (long prefills), and with blocks of 128 threads 96
+// registers still leave 20 warps per SM.
 #define KV_LAUNCH_BOUNDS_2(n) __launch_bounds__(n, 2)
 
 // Six blocks per SM, at most 40 registers: the insert kernels are bound by
 // instruction issue and latency, not registers, and 48 warps per SM beat 32
 // (H200, 65536 tokens: NVFP4 44.5 -> 40.6 us, V4 41.4 -> 39.0, every layout
-// faster; seven blocks would mean 32 registers, and spills).
+// faster; seven blocks would mean 32 registers, and spills). sm_100's
+// compiler spills the tile-major inserts at 40, so there it is five (48
+// registers; not measured, no Blackwell GPU here).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n, 5)
+#else
 #define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n, 6)
+#endif
 // Five blocks per SM, at most 48 registers: the fused CR1 kernels (the
 // insert's work plus the norm; at 40 registers they spill).
 #define KV_LAUNCH_BOUNDS_5(n) __launch_bounds__(n, 5)

@@ -128,3 +128,12 @@ KV_DEVICE void kv_rope_pair(float e, float o, float c, float s, float* re, float
     *re = kv_fmaf(e, c, -(o * s));
     *ro = kv_fmaf(o, c, e * s);
 }
+
+// kv_rope_pair with (c, s) = (1, 0), as the NoPE pairs run it, in one fma
+// per value: e + -(o 0) is e + o (-0), both exact before the one rounding
+// (the same sum, so the same sign of zero; NaN where o is infinite or NaN).
+// Every NaN is equal here: each encoder maps them all to one code.
+KV_DEVICE void kv_rope_nope_pair(float e, float o, float* re, float* ro) {
+    *re = kv_fmaf(o, -0.0f, e);
+    *ro = kv_fmaf(e, 0.0f, o);
+}

@@ -132,9 +132,12 @@ KV_DEVICE unsigned kv_lane() { return kv_tid() & (KV_GROUP_LANES - 1u); }
 // The group's token or request index. The block size comes from the flags
 // word, not the dispatch: it is already in registers, and the block-size
 // query costs scalar registers on AMD.
+// Computed in 32 bits (a launch has fewer than 2^32 items: n and the
+// request count are each below 2^31, src/ops.rs), which also tells the
+// compiler that the index's high word is zero wherever it scales a stride.
 KV_DEVICE int64_t kv_group(uint32_t flags) {
     uint32_t log2 = (flags >> KV_F_GROUPS_LOG2_SHIFT) & 7u;
-    return ((int64_t)kv_bid() << log2) + (int64_t)(kv_tid() / KV_GROUP_LANES);
+    return (int64_t)((kv_bid() << log2) + kv_tid() / KV_GROUP_LANES);
 }
 
 KV_DEVICE int64_t kv_load_index(const void* p, bool is64, int64_t i) {
@@ -310,27 +313,50 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const KvBf16x16& w, float eps, u
 
 // ---- rope_quant_insert: one token's record ---------------------------------
 
-// The rotated 16 dims of lane l: NoPE pairs (l < 28) run the arithmetic with
-// (c, s) = (1, 0); RoPE pairs read the cos/sin row `base`.
-KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned lane, const float x[16], float r[16]) {
-    float c[8], s[8];
-    if (lane >= 28u) {
-        int64_t k0 = 8 * (int64_t)(lane - 28u);
-        if (p.flags & KV_F_COS_BF16) {
-            const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
+// cos and sin of RoPE pairs 224 + 8 (k - 28) .. + 8, for RoPE tile k, from
+// row `base`.
+KV_DEVICE void kv_load_cos_sin8(const KvInsertParams& p, int64_t base, unsigned k, float c[8], float s[8]) {
+    int64_t k0 = 8 * (int64_t)(k - 28u);
+    if (p.flags & KV_F_COS_BF16) {
+        const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                c[j] = kv_bf16_to_f32(row[k0 + j]);
-                s[j] = kv_bf16_to_f32(row[32 + k0 + j]);
-            }
-        } else {
-            const float* row = (const float*)p.cos_sin + base * p.cos_row_stride;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                c[j] = row[k0 + j];
-                s[j] = row[32 + k0 + j];
-            }
+        for (int j = 0; j < 8; ++j) {
+            c[j] = kv_bf16_to_f32(row[k0 + j]);
+            s[j] = kv_bf16_to_f32(row[32 + k0 + j]);
         }
+    } else {
+        const float* row = (const float*)p.cos_sin + base * p.cos_row_stride;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            c[j] = row[k0 + j];
+            s[j] = row[32 + k0 + j];
+        }
+    }
+}
+
+// The rotated 16 dims of tile k (dims 16 k .. 16 k + 16) from the latent's
+// BF16 bits: NoPE tiles (k < 28) run the rotation with (c, s) = (1, 0),
+// RoPE tiles with the cos/sin row `base`.
+//
+// TILES (the tile-major inserts, where a warp's tiles are almost all of one
+// kind): NoPE tiles take their own path, one fma per value, and the BF16
+// bits are widened inside each path (those kernels sit at their register
+// limit). Otherwise (a token per group: lanes 28..31 of every warp rotate)
+// both kinds run the one sequence, NoPE lanes with constant (1, 0); two
+// paths would cost such a warp both.
+template <bool TILES>
+KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, const uint16_t h[16], float r[16]) {
+    float c[8], s[8];
+    if (TILES) {
+        if (k < 28u) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                kv_rope_nope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), &r[2 * j], &r[2 * j + 1]);
+            return;
+        }
+        kv_load_cos_sin8(p, base, k, c, s);
+    } else if (k >= 28u) {
+        kv_load_cos_sin8(p, base, k, c, s);
     } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -339,7 +365,8 @@ KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned lane,
         }
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) kv_rope_pair(x[2 * j], x[2 * j + 1], c[j], s[j], &r[2 * j], &r[2 * j + 1]);
+    for (int j = 0; j < 8; ++j)
+        kv_rope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), c[j], s[j], &r[2 * j], &r[2 * j + 1]);
 }
 
 // cos and sin of RoPE pair 224 + k from row `base` (k < 32).
@@ -421,11 +448,11 @@ KV_DEVICE float kv_sanitized(float v, bool sanitize) { return (sanitize && kv_is
 
 // The insert rule's checks for token t, given its slot and position
 // (counting skips); on success sets the cos/sin row.
-KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t pos, unsigned lane,
+KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t pos, unsigned tile,
                                int64_t* base_out) {
     if (slot < 0) return false;
     if (pos < 0) {
-        kv_count(p.counters, KV_COUNT_POS, lane);
+        kv_count(p.counters, KV_COUNT_POS, tile);
         return false;
     }
     // compress_ratio is 1 or 2 (validated): boundary iff (pos + 1) % cr == 0.
@@ -433,30 +460,36 @@ KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t po
     if (cr2 && (pos & 1) == 0) return false;
     int64_t base = cr2 ? (pos & ~(int64_t)1) : pos;
     if (base >= p.cos_rows) {
-        kv_count(p.counters, KV_COUNT_POS, lane);
+        kv_count(p.counters, KV_COUNT_POS, tile);
         return false;
     }
     if (slot >= (int64_t)p.num_blocks * p.block_size) {
-        kv_count(p.counters, KV_COUNT_SLOT, lane);
+        kv_count(p.counters, KV_COUNT_SLOT, tile);
         return false;
     }
     *base_out = base;
     return true;
 }
 
-// Writes token's record from its BF16 latent (the lane's 16 dims). FP8 rows
+// Writes token's record from its BF16 latent: the 16 dims of tile `tile`
+// (dims 16 tile .. 16 tile + 16). A group's lane l holds tile l; the
+// tile-major inserts below map threads to tiles differently, and V4, whose
+// RoPE pairs cross lanes, always runs on groups. FP8 rows
 // take the per-tensor scale the caller loaded with its first reads.
-template <int LAYOUT>
-KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t base, unsigned lane,
+template <int LAYOUT, bool TILES>
+KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t base, unsigned tile,
                                const uint16_t h[16], float fp8_scale) {
     const bool sanitize = (p.flags & KV_F_SANITIZE) != 0u;
     // V4's RoPE pair first, while the latent is still packed: the fused CR2
     // kernels sit at their register limit.
-    uint32_t v4_pair = LAYOUT == KV_LAYOUT_V4 ? kv_gather_rope_pair(h, lane) : 0u;
+    uint32_t v4_pair = LAYOUT == KV_LAYOUT_V4 ? kv_gather_rope_pair(h, tile) : 0u;
     float x[16], r[16];
+    if (LAYOUT == KV_LAYOUT_V4) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) x[j] = kv_bf16_to_f32(h[j]);
-    if (LAYOUT != KV_LAYOUT_V4) kv_rotate16(p, base, lane, x, r);  // V4 rotates by pairs below
+        for (int j = 0; j < 16; ++j) x[j] = kv_bf16_to_f32(h[j]);
+    } else {
+        kv_rotate16<TILES>(p, base, tile, h, r);  // V4 rotates by pairs below
+    }
     int64_t row;
     int64_t block = kv_divmod(slot, p.block_size, &row);
     uint8_t* page = p.cache + block * p.block_stride;
@@ -468,10 +501,10 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         // joins the shuffles; lanes 0..27 write the FP8 part.
         uint8_t q[16];
         uint8_t sb = kv_quantize_fp8_part(x, 4, sanitize, q);
-        if (lane < 28u) {
-            kv_store16b(values + 16 * lane, q);
-            if ((lane & 3u) == 0u) scales[lane / 4u] = sb;
-        } else if (lane == 28u) {
+        if (tile < 28u) {
+            kv_store16b(values + 16 * tile, q);
+            if ((tile & 3u) == 0u) scales[tile / 4u] = sb;
+        } else if (tile == 28u) {
             scales[7] = 0;
         }
         // RoPE part: one GPT-J pair per lane (pair 224 + lane, dims
@@ -480,13 +513,13 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         // was most of this kernel's time.
         uint32_t pair = v4_pair;
         float c, sn;
-        kv_cos_sin_at(p, base, lane, &c, &sn);
+        kv_cos_sin_at(p, base, tile, &c, &sn);
         float re, ro;
         kv_rope_pair(kv_bf16_to_f32((uint16_t)(pair & 0xffffu)), kv_bf16_to_f32((uint16_t)(pair >> 16)), c, sn,
                      &re, &ro);
         uint32_t out = (uint32_t)kv_bf16_from_f32(kv_sanitized(re, sanitize)) |
                        ((uint32_t)kv_bf16_from_f32(kv_sanitized(ro, sanitize)) << 16);
-        *(uint32_t*)(values + 448 + 4 * lane) = out;
+        *(uint32_t*)(values + 448 + 4 * tile) = out;
     } else if (LAYOUT == KV_LAYOUT_MXFP8) {
         uint8_t* values = page + row * 512;
         uint8_t* scales = page + p.block_size * 512 + row * 16;
@@ -494,8 +527,8 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         for (int j = 0; j < 16; ++j) r[j] = kv_sanitized(r[j], sanitize);
         uint8_t q[16];
         uint8_t sb = kv_quantize_fp8_part(r, 2, sanitize, q);
-        kv_store16b(values + 16 * lane, q);
-        if ((lane & 1u) == 0u) scales[lane / 2u] = sb;
+        kv_store16b(values + 16 * tile, q);
+        if ((tile & 1u) == 0u) scales[tile / 2u] = sb;
     } else if (LAYOUT == KV_LAYOUT_NVFP4) {
         uint8_t* values = page + row * 256;
         uint8_t* scales = page + p.block_size * 256 + row * 32;
@@ -508,13 +541,13 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         kv_u32x2 w;
         w.x = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
         w.y = (uint32_t)q[4] | ((uint32_t)q[5] << 8) | ((uint32_t)q[6] << 16) | ((uint32_t)q[7] << 24);
-        *(kv_u32x2*)(values + 8 * lane) = w;
-        scales[lane] = sb;
+        *(kv_u32x2*)(values + 8 * tile) = w;
+        scales[tile] = sb;
     } else if (LAYOUT == KV_LAYOUT_BF16) {
         uint16_t o[16];
 #pragma unroll
         for (int j = 0; j < 16; ++j) o[j] = kv_bf16_from_f32(r[j]);
-        kv_store16h((uint16_t*)(page + row * p.row_stride) + 16 * lane, o);
+        kv_store16h((uint16_t*)(page + row * p.row_stride) + 16 * tile, o);
     } else {
         float inv = kv_divf(1.0f, fp8_scale);
         uint8_t q[16];
@@ -522,7 +555,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
 #pragma unroll
         for (int j = 0; j < 16; ++j) c[j] = kv_e4m3_nan_to_max(kv_bf16_to_f32(kv_bf16_from_f32(r[j])) * inv);
         kv_e4m3_from_f32_x16(c, q);
-        kv_store16b(page + row * p.row_stride + 16 * lane, q);
+        kv_store16b(page + row * p.row_stride + 16 * tile, q);
     }
 }
 
@@ -532,38 +565,39 @@ KV_DEVICE float kv_load_fp8_scale(const KvInsertParams& p) {
     return LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f;
 }
 
-template <int LAYOUT>
-KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned lane) {
+template <int LAYOUT, bool TILES>
+KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile) {
     // The latent row is loaded with the indices (t < n, so it exists): a
     // skipped token costs 1 KB of reads, a written one a round trip less.
     uint16_t h[16];
-    kv_load16h(p.latent + t * p.latent_row_stride + 16 * lane, h);
+    kv_load16h(p.latent + t * p.latent_row_stride + 16 * tile, h);
     float fp8_scale = kv_load_fp8_scale<LAYOUT>(p);
     int64_t slot = kv_load_index(p.slots, (p.flags & KV_F_SLOT_I64) != 0u, t);
     int64_t pos = kv_load_index(p.positions, (p.flags & KV_F_POS_I64) != 0u, t);
     int64_t base;
-    if (!kv_insert_check(p, slot, pos, lane, &base)) return;
-    kv_write_record<LAYOUT>(p, slot, base, lane, h, fp8_scale);
+    if (!kv_insert_check(p, slot, pos, tile, &base)) return;
+    kv_write_record<LAYOUT, TILES>(p, slot, base, tile, h, fp8_scale);
 }
 
 // ---- fused_save_compress_norm ----------------------------------------------
 
-// What a compress item does with a latent it produced: store it, and in the
-// fused kernels insert it.
+// What a compress item does with the latent of token t it produced: store
+// it, and in the fused kernels insert it. The item passes the token's
+// position (one tensor serves the compressor and the insert), so only the
+// cache slot is read here.
 template <bool FUSED, int LAYOUT>
 KV_DEVICE void kv_emit_latent(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, unsigned lane,
-                              const uint16_t out[16]) {
+                              const uint16_t out[16], int64_t pos) {
     if (!FUSED || (c.flags & KV_F_WRITE_LATENT)) kv_store16h(c.latent + t * 512 + 16 * lane, out);
     if (FUSED) {
-        // Loaded one after the other: the fused CR2 kernels sit at AMD's
-        // scalar-register limit, and the latent took longer than these loads.
         int64_t slot = kv_load_index(ins->slots, (ins->flags & KV_F_SLOT_I64) != 0u, t);
         if (slot < 0) return;
+        // The scale only for a slot that is written: the one-group fused CR2
+        // kernels sit at AMD's scalar-register limit.
         float fp8_scale = kv_load_fp8_scale<LAYOUT>(*ins);
-        int64_t pos = kv_load_index(ins->positions, (ins->flags & KV_F_POS_I64) != 0u, t);
         int64_t base;
         if (kv_insert_check(*ins, slot, pos, lane, &base))
-            kv_write_record<LAYOUT>(*ins, slot, base, lane, out, fp8_scale);
+            kv_write_record<LAYOUT, false>(*ins, slot, base, lane, out, fp8_scale);
     }
 }
 
@@ -575,10 +609,11 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
     KvBf16x16 w;
     kv_loadNf<16>(c.kv_score + t * c.kv_row_stride + 16 * lane, v);
     kv_load_bf16x16(c.weight + 16 * lane, &w);
+    int64_t pos = FUSED ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t) : 0;
     if (kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t) < 0) return;
     uint16_t out[16];
     kv_rms_norm16(v, w, c.eps, out);
-    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out);
+    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out, pos);
 }
 
 // ---- CR2 items, alone or in teams -----------------------------------------
@@ -632,15 +667,17 @@ KV_DEVICE void kv_store_row_part(float* row, KvTeamLane tl, const KvRowPart<16 /
 }
 
 // Pools (older, newer) over the team, then group 0 norms and emits the latent
-// of token t. A team meets at one barrier, so every lane of the block must
-// call this (the callers' conditions are the same for the whole item).
-// The weights are loaded after the pooling, not with the rows: the CR2
-// kernels are limited by how many groups their registers let run at once,
-// and the weights (1 KB, shared by every token) come from cache.
+// of token t (at position `pos`). A team meets at one barrier, so every lane
+// of the block must call this (the callers' conditions are the same for the
+// whole item). The weights are loaded after the pooling, not with the rows:
+// the CR2 kernels are limited by how many groups their registers let run at
+// once, and the weights (1 KB, shared by every token) come from cache. (Teams
+// issuing them, and the insert's slot, with the rows' reads measured no
+// faster at decode sizes on the H200.)
 template <bool FUSED, int LAYOUT, int TEAM>
-KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
-                                 const KvRowPart<16 / TEAM>& older, const KvRowPart<16 / TEAM>& newer,
-                                 float* pooled) {
+KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
+                                 KvTeamLane tl, const KvRowPart<16 / TEAM>& older,
+                                 const KvRowPart<16 / TEAM>& newer, float* pooled) {
     constexpr int N = 16 / TEAM;
     float v[16];
 #pragma unroll
@@ -656,7 +693,7 @@ KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams
     kv_load_bf16x16(c.weight + 16 * tl.l, &w);
     uint16_t out[16];
     kv_rms_norm16(v, w, c.eps, out);
-    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, tl.l, out);
+    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, tl.l, out, pos);
 }
 
 // CR2 token item: the group that token t closes inside its chunk.
@@ -691,7 +728,7 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     KvRowPart<16 / TEAM> older, newer;
     kv_load_row_part<TEAM>(c.kv_score + (t - 1) * c.kv_row_stride, tl, &older);
     kv_load_row_part<TEAM>(c.kv_score + t * c.kv_row_stride, tl, &newer);
-    kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, t, tl, older, newer, pooled);
+    kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, t, pos, tl, older, newer, pooled);
 }
 
 // CR2 request item: the group the chunk's first token closes with its
@@ -755,7 +792,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         }
     }
     if (older) {
-        kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start, tl, prev, first, pooled);
+        kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start, pos, tl, prev, first, pooled);
         // Group 0 goes on alone; the other groups are done with the pooling.
     }
     if (has_prev) return;
@@ -841,10 +878,32 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRing
     kv_storeNf<16>(dst + 512 + 16 * lane, v);
 }
 
+// Tile-major: a block's G tokens (G = its groups) as 28 G NoPE tiles, token
+// by token, then their 4 G RoPE tiles. Only the RoPE tiles read cos/sin and
+// run the two-step rotation, so with this order whole warps / wavefronts are
+// NoPE and take one path; with a token per group every warp would run both.
+// For layouts whose tiles need no other lane (NVFP4, BF16 and FP8 rows).
+KV_DEVICE void kv_tile_of_thread(uint32_t flags, int64_t* t, unsigned* tile) {
+    uint32_t log2 = (flags >> KV_F_GROUPS_LOG2_SHIFT) & 7u;
+    uint32_t nope = 28u << log2;  // NoPE tiles in the block
+    uint32_t i = kv_tid();
+    uint32_t tok = i < nope ? i / 28u : (i - nope) >> 2;
+    *tile = i < nope ? i - 28u * tok : 28u + (i & 3u);
+    *t = (int64_t)((kv_bid() << log2) + tok);
+}
+
 #define KV_INSERT_KERNEL(name, LAYOUT)                                              \
     KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
         int64_t t = kv_group(p.flags);                                              \
-        if (t < p.n) kv_insert_token<LAYOUT>(p, t, kv_lane());                      \
+        if (t < p.n) kv_insert_token<LAYOUT, false>(p, t, kv_lane());               \
+    }
+
+#define KV_INSERT_TILES_KERNEL(name, LAYOUT)                                        \
+    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
+        int64_t t;                                                                  \
+        unsigned tile;                                                              \
+        kv_tile_of_thread(p.flags, &t, &tile);                                      \
+        if (t < p.n) kv_insert_token<LAYOUT, true>(p, t, tile);                     \
     }
 
 KV_INSERT_KERNEL(kv_insert_v4, KV_LAYOUT_V4)
@@ -852,6 +911,17 @@ KV_INSERT_KERNEL(kv_insert_mxfp8, KV_LAYOUT_MXFP8)
 KV_INSERT_KERNEL(kv_insert_nvfp4, KV_LAYOUT_NVFP4)
 KV_INSERT_KERNEL(kv_insert_bf16, KV_LAYOUT_BF16)
 KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8)
+
+// The host runs these for CR1 (src/kernel_abi.rs, insert_launch). With CR2
+// only every other token is usually written, and a warp of tiles from
+// several tokens does the full work when any one of them is written, so CR2
+// keeps a token per group, where a skipped token's warp simply ends. V4
+// gathers its RoPE pairs across a group's lanes and MXFP8 shares a scale
+// between two lanes (a shuffle, which every lane of a warp must join): both
+// keep a token per group always.
+KV_INSERT_TILES_KERNEL(kv_insert_nvfp4_tiles, KV_LAYOUT_NVFP4)
+KV_INSERT_TILES_KERNEL(kv_insert_bf16_tiles, KV_LAYOUT_BF16)
+KV_INSERT_TILES_KERNEL(kv_insert_fp8_tiles, KV_LAYOUT_FP8)
 
 #define KV_FUSED_KERNEL(name, CR, LAYOUT, BOUNDS)                       \
     KV_KERNEL BOUNDS(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \

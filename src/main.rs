@@ -4,7 +4,7 @@
 //! dsv4-kvcache info
 //! dsv4-kvcache demo    [--backend auto|cpu|cuda|hip] [--requests R] [--prefill-tokens P] [--decode-steps D] [--seed S]
 //! dsv4-kvcache verify  FILE... [--backend auto|cpu|cuda|hip]
-//! dsv4-kvcache bench   [--backend auto|cpu|cuda|hip] [--tokens 1,16,128] [--out FILE.json]
+//! dsv4-kvcache bench   [--backend auto|cpu|cuda|hip] [--tokens 1,16,128] [--only insert,fused] [--out FILE.json]
 //! dsv4-kvcache capture --op OP [--layout L] [--cr N] [--tokens T] [--requests R] [--seed S]
 //!                      [--sanitize] [--adversarial] --out FILE.safetensors
 //! ```
@@ -39,8 +39,10 @@ usage:
       checked byte for byte against the CPU reference
   dsv4-kvcache verify FILE... [--backend auto|cpu|cuda|hip]
       replay test-vector files (safetensors) and compare every output byte
-  dsv4-kvcache bench [--backend auto|cpu|cuda|hip] [--tokens 1,16,128,...] [--out FILE.json]
-      time per launch, bandwidth and the seed's H200 anchors
+  dsv4-kvcache bench [--backend auto|cpu|cuda|hip] [--tokens 1,16,128,...] [--only NAME,...]
+                    [--out FILE.json]
+      time per launch, bandwidth and the seed's H200 anchors; --only keeps the rows whose
+      label contains a NAME ('insert nvfp4', 'compress CR2', 'fused CR1 v4', 'host')
   dsv4-kvcache capture --op OP [--layout v4|mxfp8|nvfp4|bf16|fp8] [--cr 1|2] [--tokens T]
                        [--requests R] [--ring-capacity C] [--seed S] [--sanitize] [--adversarial]
                        --out FILE.safetensors
@@ -1491,7 +1493,7 @@ fn anchor(op: &str, t: usize) -> Option<f64> {
 fn bench_cmd(args: &[String]) -> CliResult<()> {
     let o = Opts::parse(
         args,
-        &["backend", "tokens", "out", "launches", "replays"],
+        &["backend", "tokens", "out", "launches", "replays", "only"],
         &[],
     )?;
     o.no_positional()?;
@@ -1508,8 +1510,20 @@ fn bench_cmd(args: &[String]) -> CliResult<()> {
                 })?,
         ),
     };
+    let only = o.get("only").map(|s| {
+        s.split(',')
+            .map(|x| x.trim().to_string())
+            .filter(|x| !x.is_empty())
+            .collect::<Vec<_>>()
+    });
+    if only.as_ref().is_some_and(|v| v.is_empty()) {
+        return Err(CliError::Usage(
+            "--only needs at least one name, like insert,fused".into(),
+        ));
+    }
     let job = BenchJob {
         tokens,
+        only,
         out: o.get("out").map(str::to_string),
         launches: o.num("launches", 20)?,
         replays: o.num("replays", 7)?,
@@ -1525,9 +1539,20 @@ fn bench_cmd(args: &[String]) -> CliResult<()> {
 
 struct BenchJob {
     tokens: Option<Vec<usize>>,
+    /// Run only the rows whose label contains one of these.
+    only: Option<Vec<String>>,
     out: Option<String>,
     launches: usize,
     replays: usize,
+}
+
+impl BenchJob {
+    /// Whether the row labelled `label` runs (`--only`).
+    fn wants(&self, label: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|v| v.iter().any(|x| label.contains(x.as_str())))
+    }
 }
 
 /// One case of the table.
@@ -1704,6 +1729,9 @@ impl Job for BenchJob {
         let mut rows = Vec::new();
         for &t in &tokens {
             for c in bench_cases(t) {
+                if !self.wants(&c.name) {
+                    continue;
+                }
                 let f = make_case(&c.spec);
                 let bytes = traffic(&f, c.layout)?;
                 let mut p = f.prepare(b)?;
@@ -1753,6 +1781,9 @@ impl Job for BenchJob {
             }
             for (case, cr, requests) in cases {
                 for l in RecordLayout::ALL {
+                    if !self.wants(&format!("fused {case} {}", l.name())) {
+                        continue;
+                    }
                     let spec = CaseSpec {
                         op: Op::FusedCompressInsert,
                         layout: l,
@@ -1815,6 +1846,9 @@ impl Job for BenchJob {
                 },
             ),
         ] {
+            if !self.wants(&format!("host {name}")) {
+                continue;
+            }
             let f = make_case(&spec);
             let mut p = f.prepare(b)?;
             let calls = 2000;

@@ -269,6 +269,18 @@ pub fn rope_pair(e: f32, o: f32, c: f32, s: f32) -> (f32, f32) {
     (e.mul_add(c, -(o * s)), o.mul_add(c, e * s))
 }
 
+/// [`rope_pair`] with `(c, s) = (1, 0)`, as the NoPE pairs run it, in one
+/// fma per value: `e + -(o 0)` is `e + o (-0)`, both exact before the one
+/// rounding, so the same sum and the same sign of zero; NaN where `o` is
+/// infinite or NaN. The results equal `rope_pair(e, o, 1, 0)` bit for bit
+/// except that two NaNs may differ in sign or payload, which no encoder
+/// sees (each maps every NaN to one code). `tests/formats_exhaustive.rs`
+/// checks every BF16 value against partners of every class.
+#[inline]
+pub fn rope_nope_pair(e: f32, o: f32) -> (f32, f32) {
+    (o.mul_add(-0.0, e), e.mul_add(0.0, o))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

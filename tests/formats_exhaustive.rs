@@ -683,3 +683,49 @@ fn nvfp4_codes_without_division_are_exact() {
         }
     }
 }
+
+/// The kernels rotate NoPE pairs with `math::rope_nope_pair` (one fma per
+/// value) where the reference runs `rope_pair(e, o, 1, 0)`. Every BF16 `e`
+/// against every BF16 `o`, and the other way round, is 2^32 pairs; the
+/// result depends on the partner only through its product with zero (+0,
+/// -0 or NaN), so each operand runs over all 65,536 BF16 codes against
+/// partners of every class (zeros, subnormals, normals, the largest finite,
+/// infinities, NaNs of both signs), plus ten million random pairs. Bits must
+/// be equal, except that two NaNs may differ in sign or payload (every
+/// encoder maps all NaNs to one code: `bf16_from_f32`, the e4m3 clamp, the
+/// NaN-ignoring amax and the NVFP4 element code all test for NaN first).
+#[test]
+fn rope_nope_pair_is_rope_pair_with_identity() {
+    use dsv4_kvcache::math::{rope_nope_pair, rope_pair};
+    fn same(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+    let check = |e: u16, o: u16| {
+        let (x, y) = (bf16_to_f32(e), bf16_to_f32(o));
+        let want = rope_pair(x, y, 1.0, 0.0);
+        let got = rope_nope_pair(x, y);
+        assert!(
+            same(got.0, want.0) && same(got.1, want.1),
+            "pair ({e:#06x}, {o:#06x}): {got:?} against {want:?}"
+        );
+    };
+    let partners: [u16; 16] = [
+        0x0000, 0x8000, 0x0001, 0x8001, 0x0080, 0x8080, 0x3f80, 0xbf80, 0x7f7f, 0xff7f, 0x7f80,
+        0xff80, 0x7fc0, 0xffc0, 0x7f81, 0xffff,
+    ];
+    (0u32..=0xffff).into_par_iter().for_each(|a| {
+        for &b in &partners {
+            check(a as u16, b);
+            check(b, a as u16);
+        }
+    });
+    (0u64..10).into_par_iter().for_each(|chunk| {
+        let mut x = 0x2545_f491_4f6c_dd1du64 ^ (chunk << 32);
+        for _ in 0..1_000_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            check(x as u16, (x >> 16) as u16);
+        }
+    });
+}

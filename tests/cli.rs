@@ -1,0 +1,53 @@
+//! The command-line tool as a user runs it: exit codes and what `bench
+//! --only` keeps. On the CPU backend, so it runs everywhere.
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dsv4-kvcache"))
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn bench_only_keeps_the_named_rows() {
+    let (code, text) = run(&[
+        "bench",
+        "--backend",
+        "cpu",
+        "--tokens",
+        "1",
+        "--launches",
+        "1",
+        "--replays",
+        "1",
+        "--only",
+        "insert nvfp4,host",
+    ]);
+    assert_eq!(code, 0, "{text}");
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("| ")).collect();
+    // The header and the one insert row of the main table, and the fused
+    // table's header only.
+    let data: Vec<&&str> = rows
+        .iter()
+        .filter(|l| !l.starts_with("| op") && !l.starts_with("| case") && !l.starts_with("| ---"))
+        .collect();
+    assert_eq!(data.len(), 1, "{text}");
+    assert!(data[0].starts_with("| insert nvfp4 | 1 |"), "{text}");
+    let host: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("  ") && l.contains("µs (N ="))
+        .collect();
+    assert_eq!(host.len(), 3, "{text}");
+}
+
+#[test]
+fn bench_only_without_names_is_a_usage_error() {
+    let (code, text) = run(&["bench", "--backend", "cpu", "--only", " , "]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("--only"), "{text}");
+}
