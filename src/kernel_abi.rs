@@ -512,18 +512,39 @@ pub struct Launch {
 
 /// The launch of an insert plan.
 ///
-/// CR1 runs the tile-major kernel where the layout has one (H200, 65536
-/// tokens: NVFP4 40.6 -> 38.7 µs, BF16 42.8 -> 40.6, FP8 42.0 -> 40.7).
-/// CR2 writes only the tokens that close a group, usually every other one,
-/// and there a warp holding tiles of a written and a skipped token does the
-/// full work, so CR2 keeps a token per group (the tile-major kernels made
-/// CR2 inserts up to 10 % slower).
+/// Large CR1 launches run the tile-major kernel where the layout has one
+/// ([`insert_uses_tiles`]).
 pub fn insert_launch(p: &InsertPlan) -> Launch {
-    let tiles = insert_tiles_kernel(p.cache.layout).filter(|_| p.compress_ratio == 1);
+    let tiles = insert_tiles_kernel(p.cache.layout)
+        .filter(|_| insert_uses_tiles(p.compress_ratio, p.n as u64));
     Launch {
         kernel: tiles.unwrap_or_else(|| insert_kernel(p.cache.layout)),
         geometry: geometry(p.n as u64),
     }
+}
+
+/// Whether an insert of `n` tokens at `compress_ratio` runs a tile-major
+/// kernel (where its layout has one): CR1 above [`SMALL_LAUNCH_ITEMS`]
+/// tokens. H200, 65536 tokens: NVFP4 40.6 -> 38.7 µs, BF16 42.8 -> 40.6,
+/// FP8 42.0 -> 40.7; 8192: 4-10 % faster. At decode sizes the time is one
+/// token's latency, and a block's last warp, holding NoPE and RoPE tiles,
+/// runs both paths one after the other: BF16 and FP8 were 3-4 % slower at
+/// 16 and 128 tokens. CR2 writes only the tokens that close a group, usually
+/// every other one, and a warp holding tiles of a written and a skipped
+/// token does the full work: CR2 inserts were up to 10 % slower. The
+/// environment variable `DSV4_KVCACHE_INSERT_TILES` (0 or 1) forces the
+/// choice, for testing and benchmarking.
+pub fn insert_uses_tiles(compress_ratio: u32, n: u64) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced =
+        *FORCED.get_or_init(
+            || match std::env::var("DSV4_KVCACHE_INSERT_TILES").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            },
+        );
+    forced.unwrap_or(compress_ratio == 1 && n > SMALL_LAUNCH_ITEMS)
 }
 
 /// The launch of a `save_ring_rows` plan.
@@ -695,6 +716,26 @@ mod tests {
             ("KV_F_SANITIZE", flags::SANITIZE),
         ] {
             assert_eq!(kernel_define(name), v as u64, "{name}");
+        }
+    }
+
+    #[test]
+    fn large_cr1_inserts_run_tile_major_where_the_layout_has_it() {
+        if std::env::var_os("DSV4_KVCACHE_INSERT_TILES").is_some() {
+            eprintln!("DSV4_KVCACHE_INSERT_TILES is set: the default choice is not checked");
+            return;
+        }
+        assert!(!insert_uses_tiles(1, SMALL_LAUNCH_ITEMS));
+        assert!(insert_uses_tiles(1, SMALL_LAUNCH_ITEMS + 1));
+        assert!(!insert_uses_tiles(2, 1 << 20));
+        assert_eq!(insert_tiles_kernel(RecordLayout::V4), None);
+        assert_eq!(insert_tiles_kernel(RecordLayout::Mxfp8), None);
+        for l in [
+            RecordLayout::Nvfp4,
+            RecordLayout::Bf16Rows,
+            RecordLayout::Fp8Rows,
+        ] {
+            assert!(insert_tiles_kernel(l).is_some());
         }
     }
 

@@ -12,9 +12,10 @@
 //! (default 8: 336 kinds x 4 mixes x 8 = 10,752 random cases).
 //!
 //! The cases are decode-sized, so CR2 runs on the team kernels
-//! (`kernel_abi::cr2_uses_teams`); run again with `DSV4_KVCACHE_CR2_TEAMS=0`
-//! to check the one-group-per-item CR2 kernels that large launches use (the
-//! line printed says which ran).
+//! (`kernel_abi::cr2_uses_teams`) and CR1 inserts a token per group
+//! (`kernel_abi::insert_uses_tiles`); run again with
+//! `DSV4_KVCACHE_CR2_TEAMS=0` and with `DSV4_KVCACHE_INSERT_TILES=1` to check
+//! the kernels that large launches use (the line printed says which ran).
 
 // Built without both GPU features, the device paths below are compiled out.
 #![cfg_attr(
@@ -104,7 +105,7 @@ fn check_backend<B: Backend>(dev: &mut B) {
         }
     }
     println!(
-        "PARITY {}: {} cases, {bytes} output bytes compared, {} mismatching cases (CR2 kernels: {})",
+        "PARITY {}: {} cases, {bytes} output bytes compared, {} mismatching cases (CR2 kernels: {}; CR1 inserts: {})",
         dev.name(),
         all.len(),
         bad.len(),
@@ -112,6 +113,11 @@ fn check_backend<B: Backend>(dev: &mut B) {
             "teams"
         } else {
             "one group per item"
+        },
+        if dsv4_kvcache::kernel_abi::insert_uses_tiles(1, 1) {
+            "tile-major where the layout has it"
+        } else {
+            "a token per group"
         }
     );
     assert!(
