@@ -5,6 +5,7 @@
 
 #define KV_INV_448 kv_u2f(0x3b124925u)
 #define KV_INV_6 kv_u2f(0x3e2aaaabu)
+#define KV_INV_512 kv_u2f(0x3b000000u)
 #define KV_AMAX_FLOOR kv_u2f(0x38d1b717u)
 #define KV_NVFP4_SCALE_MIN kv_u2f(0x3b000000u)
 #define KV_LOG2E kv_u2f(0x3fb8aa3bu)
@@ -51,8 +52,12 @@ KV_DEVICE float kv_exp(float x) {
     int e1 = lo ? ni + 100 : (hi ? ni - 1 : ni);
     float m2 = lo ? kv_pow2(-100) : (hi ? 2.0f : 1.0f);
     float y = (p * kv_pow2(e1)) * m2;
-    float outside = kv_isnan(x) ? kv_u2f(0x7fc00000u) : (x > 0.0f ? kv_u2f(0x7f800000u) : 0.0f);
-    return in_range ? y : outside;
+    // Outside the range: +inf above, +0 below, the quiet NaN for a NaN; as
+    // integer selects on the bits (float compares here became branches).
+    uint32_t xb = kv_f2u(x);
+    uint32_t ob = (xb >> 31) != 0u ? 0u : 0x7f800000u;
+    ob = (xb & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : ob;
+    return in_range ? y : kv_u2f(ob);
 }
 
 // max/min ignoring a NaN operand (NVIDIA max.f32/min.f32).
@@ -102,12 +107,20 @@ KV_DEVICE float kv_block_scale_multiplier(bool finite, int e) {
     return finite ? kv_pow2(-e) : 0.0f;
 }
 
-// Softmax pooling of two rows' values for one dim.
-KV_DEVICE float kv_pool2(float kv0, float s0, float kv1, float s1) {
+// Softmax pooling of two rows' values for one dim: the numerator and the
+// denominator, then their quotient.
+KV_DEVICE void kv_pool2_terms(float kv0, float s0, float kv1, float s1, float* num, float* den) {
     float m = kv_max_nan_ignoring(s0, s1);
     float w0 = kv_exp(s0 - m);
     float w1 = kv_exp(s1 - m);
-    return kv_divf(kv0 * w0 + kv1 * w1, w0 + w1);
+    *num = kv0 * w0 + kv1 * w1;
+    *den = w0 + w1;
+}
+
+KV_DEVICE float kv_pool2(float kv0, float s0, float kv1, float s1) {
+    float num, den;
+    kv_pool2_terms(kv0, s0, kv1, s1, &num, &den);
+    return kv_divf(num, den);
 }
 
 // NVFP4 code of r in a tile of scale s, y = f32(1 / s): e2m1(f32(r / s))

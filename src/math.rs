@@ -216,11 +216,16 @@ pub fn sum_squares_512(v: &[f32; 512]) -> f32 {
     s[0]
 }
 
+/// `2^-9`: multiplying by it is dividing by 512 (one exact scaling, then
+/// the one rounding, subnormal results included; `tests/formats_exhaustive.rs`
+/// checks every f32), without a division.
+pub const INV_512: f32 = 1.0 / 512.0;
+
 /// The reciprocal RMS of 512 values: `f32(1 / f32(sqrt(f32(var + eps))))`
-/// with `var = f32(sum / 512)`.
+/// with `var = f32(sum / 512)`, computed as `sum * 2^-9`.
 #[inline]
 pub fn inv_rms_512(v: &[f32; 512], eps: f32) -> f32 {
-    let var = sum_squares_512(v) / 512.0;
+    let var = sum_squares_512(v) * INV_512;
     1.0 / (var + eps).sqrt()
 }
 
@@ -236,10 +241,19 @@ pub fn norm_scale(v: f32, inv: f32, w: f32) -> f32 {
 /// `f32(f32(f32(kv0 w0) + f32(kv1 w1)) / f32(w0 + w1))`.
 #[inline]
 pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
+    let (num, den) = pool2_terms(kv0, s0, kv1, s1);
+    num / den
+}
+
+/// The numerator and denominator of [`pool2`]: the kernels compute every
+/// dim's terms before the first division (on NVIDIA a division ends in a
+/// branch that would hold back the next dim's exps).
+#[inline]
+pub fn pool2_terms(kv0: f32, s0: f32, kv1: f32, s1: f32) -> (f32, f32) {
     let m = max_nan_ignoring(s0, s1);
     let w0 = exp(s0 - m);
     let w1 = exp(s1 - m);
-    (kv0 * w0 + kv1 * w1) / (w0 + w1)
+    (kv0 * w0 + kv1 * w1, w0 + w1)
 }
 
 /// NVFP4 code of `r` in a tile of scale `s` (`y = f32(1 / s)`, from
@@ -290,6 +304,7 @@ mod tests {
         assert_eq!(INV_448, (1.0f64 / 448.0) as f32);
         assert_eq!(INV_6, (1.0f64 / 6.0) as f32);
         assert_eq!(AMAX_FLOOR, 1e-4f64 as f32);
+        assert_eq!(INV_512.to_bits(), 0x3b00_0000);
         assert_eq!(LOG2E, std::f64::consts::LOG2_E as f32);
         assert_eq!(f32::from_bits(0x3950_0d01), (1.0f64 / 5040.0) as f32);
         assert_eq!(f32::from_bits(0x3ab6_0b61), (1.0f64 / 720.0) as f32);

@@ -700,9 +700,12 @@ fn rope_nope_pair_is_rope_pair_with_identity() {
     fn same(a: f32, b: f32) -> bool {
         a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
     }
+    // Through black_box, so that the compiler runs rope_pair's arithmetic
+    // and does not fold the constants into it.
+    let (one, zero) = std::hint::black_box((1.0f32, 0.0f32));
     let check = |e: u16, o: u16| {
         let (x, y) = (bf16_to_f32(e), bf16_to_f32(o));
-        let want = rope_pair(x, y, 1.0, 0.0);
+        let want = rope_pair(x, y, one, zero);
         let got = rope_nope_pair(x, y);
         assert!(
             same(got.0, want.0) && same(got.1, want.1),
@@ -728,4 +731,21 @@ fn rope_nope_pair_is_rope_pair_with_identity() {
             check(x as u16, (x >> 16) as u16);
         }
     });
+}
+
+/// The norm computes `sum / 512` as `sum * 2^-9` (`math::INV_512`), on both
+/// sides: the same value for every f32 (NaNs: both NaN). The divisor goes
+/// through `black_box`, or the compiler would make the same substitution
+/// (it is exact, which is why LLVM does it) and the test would compare a
+/// product with itself.
+#[test]
+fn division_by_512_is_multiplication_by_its_reciprocal_on_every_f32() {
+    use dsv4_kvcache::math::INV_512;
+    let d512 = std::hint::black_box(512.0f32);
+    let bad = find_bits(0, 1 << 32, |b| {
+        let x = f32::from_bits(b);
+        let (d, m) = (x / d512, x * INV_512);
+        !(d.to_bits() == m.to_bits() || (d.is_nan() && m.is_nan()))
+    });
+    assert_eq!(bad, None, "first f32 where x / 512 != x * 2^-9");
 }
