@@ -471,16 +471,26 @@ fn forced_groups_per_block() -> Option<u32> {
 /// quarter of its 16 dims (the kernels' `KV_CR2_TEAM`).
 pub const CR2_TEAM_GROUPS: u32 = 4;
 /// CR2 launches of at most this many items (requests plus tokens) use teams
-/// (on the H200 teams were faster up to T = 8192 one-token requests, 16384
-/// items: 33.8 against 34.9 µs, and 4 requests of 2048: 14.9 against 17.7).
+/// when at least half their tokens start a chunk (decode batches): there the
+/// request items carry the work, and a lone group's request item (the ring
+/// row, the pooling, the ring store) is the slowest. H200 at `4a85862`, one-token
+/// requests: teams 16.0 µs against 18.8 at 4096 tokens, a tie at 8192
+/// (33.9 / 33.3), 66.8 against 56.7 at 16384.
 pub const CR2_TEAM_MAX_ITEMS: u64 = 16384;
+/// The limit for launches of long chunks (prefill), where the token items
+/// carry the work: a team needs four warps per item, and once the teams
+/// outnumber what the GPU runs at once, lone groups win. H200 at `4a85862`,
+/// 4 requests: teams 2.47 µs against 3.35 at 16 tokens, a tie at 1024
+/// (4.25 / 4.13), 5.36 against 4.33 at 2048, 14.67 against 12.51 at 8192.
+pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
 
-/// Whether a CR2 launch of `items` items uses the team kernels: at decode
-/// sizes a lone group's pooling chain is most of the kernel time, and a team
-/// splits it four ways; large launches have items enough to hide it. The
-/// environment variable `DSV4_KVCACHE_CR2_TEAMS` (0 or 1) forces the choice,
-/// for benchmarking.
-pub fn cr2_uses_teams(items: u64) -> bool {
+/// Whether a CR2 launch of `n` tokens in `num_reqs` requests uses the team
+/// kernels: at decode sizes a lone group's pooling chain is most of the
+/// kernel time, and a team splits it four ways; large launches have items
+/// enough to hide it (see [`CR2_TEAM_MAX_ITEMS`] and
+/// [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]). The environment variable
+/// `DSV4_KVCACHE_CR2_TEAMS` (0 or 1) forces the choice, for benchmarking.
+pub fn cr2_uses_teams(n: u64, num_reqs: u64) -> bool {
     static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let forced = *FORCED.get_or_init(
         || match std::env::var("DSV4_KVCACHE_CR2_TEAMS").as_deref() {
@@ -489,7 +499,12 @@ pub fn cr2_uses_teams(items: u64) -> bool {
             _ => None,
         },
     );
-    forced.unwrap_or(items <= CR2_TEAM_MAX_ITEMS)
+    let limit = if 2 * num_reqs >= n {
+        CR2_TEAM_MAX_ITEMS
+    } else {
+        CR2_TEAM_MAX_ITEMS_LONG_CHUNKS
+    };
+    forced.unwrap_or(n + num_reqs <= limit)
 }
 
 /// Shape of a team launch: one block of [`CR2_TEAM_GROUPS`] groups per item.
@@ -555,15 +570,11 @@ pub fn ring_rows_launch(p: &RingRowsPlan) -> Launch {
     }
 }
 
-/// The launch of `items` compressor items: CR2 in teams at decode sizes
+/// The launch of a compress plan's items: CR2 in teams at decode sizes
 /// (`team_kernel`), otherwise `kernel` with the usual geometry.
-fn compressor_launch(
-    compress_ratio: u32,
-    items: u64,
-    kernel: &'static str,
-    team_kernel: &'static str,
-) -> Launch {
-    if compress_ratio == 2 && cr2_uses_teams(items) {
+fn compressor_launch(p: &CompressPlan, kernel: &'static str, team_kernel: &'static str) -> Launch {
+    let items = compress_items(p);
+    if p.compress_ratio == 2 && cr2_uses_teams(p.n as u64, p.num_reqs() as u64) {
         Launch {
             kernel: team_kernel,
             geometry: team_geometry(items),
@@ -578,20 +589,14 @@ fn compressor_launch(
 
 /// The launch of a compress plan (CR2 in teams at decode sizes).
 pub fn compress_launch(p: &CompressPlan) -> Launch {
-    compressor_launch(
-        p.compress_ratio,
-        compress_items(p),
-        compress_kernel(p.compress_ratio),
-        "kv_compress_cr2_team",
-    )
+    compressor_launch(p, compress_kernel(p.compress_ratio), "kv_compress_cr2_team")
 }
 
 /// The launch of a fused plan (CR2 in teams at decode sizes).
 pub fn fused_launch(p: &FusedPlan) -> Launch {
     let layout = p.insert.cache.layout;
     compressor_launch(
-        p.compress.compress_ratio,
-        compress_items(&p.compress),
+        &p.compress,
         fused_kernel(p.compress.compress_ratio, layout),
         fused_team_kernel(layout),
     )
@@ -749,9 +754,23 @@ mod tests {
             assert!(g.block_threads <= BLOCK_THREADS);
         }
         if std::env::var_os("DSV4_KVCACHE_CR2_TEAMS").is_none() {
-            assert!(cr2_uses_teams(1));
-            assert!(cr2_uses_teams(CR2_TEAM_MAX_ITEMS));
-            assert!(!cr2_uses_teams(CR2_TEAM_MAX_ITEMS + 1));
+            // Decode batches: one-token requests.
+            assert!(cr2_uses_teams(1, 1));
+            assert!(cr2_uses_teams(
+                CR2_TEAM_MAX_ITEMS / 2,
+                CR2_TEAM_MAX_ITEMS / 2
+            ));
+            assert!(!cr2_uses_teams(
+                CR2_TEAM_MAX_ITEMS / 2 + 1,
+                CR2_TEAM_MAX_ITEMS / 2 + 1
+            ));
+            // Half the tokens start a chunk: still a decode batch.
+            assert!(cr2_uses_teams(4000, 2000));
+            // Long chunks.
+            assert!(cr2_uses_teams(1020, 4));
+            assert!(!cr2_uses_teams(1021, 4));
+            assert!(!cr2_uses_teams(4000, 1999));
+            assert!(cr2_uses_teams(16, 4));
         }
     }
 

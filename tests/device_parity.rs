@@ -109,7 +109,7 @@ fn check_backend<B: Backend>(dev: &mut B) {
         dev.name(),
         all.len(),
         bad.len(),
-        if dsv4_kvcache::kernel_abi::cr2_uses_teams(1) {
+        if dsv4_kvcache::kernel_abi::cr2_uses_teams(1, 1) {
             "teams"
         } else {
             "one group per item"
