@@ -5,7 +5,6 @@
 
 #define KV_INV_448 kv_u2f(0x3b124925u)
 #define KV_INV_6 kv_u2f(0x3e2aaaabu)
-#define KV_INV_512 kv_u2f(0x3b000000u)
 #define KV_AMAX_FLOOR kv_u2f(0x38d1b717u)
 #define KV_NVFP4_SCALE_MIN kv_u2f(0x3b000000u)
 #define KV_LOG2E kv_u2f(0x3fb8aa3bu)
