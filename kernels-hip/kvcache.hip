@@ -3,7 +3,9 @@
 // gfx950) and CUDA (sm_90, sm_100); vendor spellings live in the preludes.
 //
 // Work split: a token (or a CR2 request) is handled by a group of 32 lanes;
-// lane l owns dims [16 l, 16 l + 16) of a 512-vector. Lanes talk only through
+// lane l owns dims [16 l, 16 l + 16) of a 512-vector (tile l). The
+// tile-major inserts at the end map a block's threads to tiles differently
+// (kv_tile_of_thread); the tile index plays the lane's part there. Lanes talk only through
 // kv_shfl_xor (distances below 32) and kv_shfl_idx_u32 (a lane of the same
 // group), which stay inside an aligned 32-lane group on 32-lane warps and on
 // 64-lane wavefronts, so nothing here depends on the hardware's width. The
