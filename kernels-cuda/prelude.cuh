@@ -77,24 +77,6 @@ KV_DEVICE float kv_fmaf(float a, float b, float c) { return __fmaf_rn(a, b, c); 
 KV_DEVICE float kv_sqrtf(float x) { return __fsqrt_rn(x); }
 KV_DEVICE float kv_divf(float a, float b) { return __fdiv_rn(a, b); }
 
-// a / b, correctly rounded, for 1 <= b <= 2 and 2^-100 <= |a| < 2^101 (the
-// caller checks: kv_div_in_fast_domain): the instructions __fdiv_rn itself
-// runs when its range check (FCHK) passes, which it does there (MUFU.RCP,
-// one Newton step, Markstein's correction; the same on sm_90 and sm_100),
-// without the check and its branch to the slow path. The branch kept the
-// compiler from overlapping a lane's divisions.
-KV_DEVICE float kv_divf_in_range(float a, float b) {
-    float r0;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(b));
-    float e = __fmaf_rn(-b, r0, 1.0f);
-    float y = __fmaf_rn(r0, e, r0);
-    float q0 = __fmaf_rn(a, y, 0.0f);
-    float rem = __fmaf_rn(-b, q0, a);
-    return __fmaf_rn(y, rem, q0);
-}
-// kv_divf_in_range is not kv_divf outside that domain.
-#define KV_DIVF_IN_RANGE_IS_DIVF 0
-
 KV_DEVICE float kv_fabsf(float x) { return fabsf(x); }  // clears the sign bit, exact
 
 // NaN-ignoring max of two values that are each non-negative or NaN (block

@@ -106,22 +106,6 @@ KV_DEVICE float kv_block_scale_multiplier(bool finite, int e) {
     return finite ? kv_pow2(-e) : 0.0f;
 }
 
-// Whether kv_divf_in_range(a, b) is a / b, zeros aside (math::div_in_fast_domain):
-// 1 <= b <= 2 and 2^-100 <= |a| < 2^101 (biased exponent 27..227), or a is
-// +-0. A pooled dim's denominator is in [1, 2] unless a score is NaN or inf.
-KV_DEVICE bool kv_div_in_fast_domain(float a, float b) {
-    uint32_t ab = kv_f2u(a) & 0x7fffffffu;
-    uint32_t e = ab >> 23;
-    return (ab == 0u || (e >= 27u && e <= 227u)) && b >= 1.0f && b <= 2.0f;
-}
-
-// a / b in kv_div_in_fast_domain: a zero is its own quotient (the fast path
-// would turn -0 into +0).
-KV_DEVICE float kv_div_fast_domain(float a, float b) {
-    float q = kv_divf_in_range(a, b);
-    return (kv_f2u(a) & 0x7fffffffu) == 0u ? a : q;
-}
-
 // Softmax pooling of two rows' values for one dim: the numerator and the
 // denominator, then their quotient.
 KV_DEVICE void kv_pool2_terms(float kv0, float s0, float kv1, float s1, float* num, float* den) {

@@ -117,10 +117,6 @@ KV_DEVICE float kv_fmaf(float a, float b, float c) { return __builtin_fmaf(a, b,
 // Correctly rounded (build.rs passes -fhip-fp32-correctly-rounded-divide-sqrt).
 KV_DEVICE float kv_sqrtf(float x) { return __builtin_sqrtf(x); }
 KV_DEVICE float kv_divf(float a, float b) { return a / b; }
-// AMD's correctly rounded division has no range check to skip (v_div_scale,
-// v_div_fmas, v_div_fixup, no branch): the same as kv_divf everywhere.
-KV_DEVICE float kv_divf_in_range(float a, float b) { return a / b; }
-#define KV_DIVF_IN_RANGE_IS_DIVF 1
 
 KV_DEVICE float kv_fabsf(float x) { return __builtin_fabsf(x); }  // clears the sign bit, exact
 

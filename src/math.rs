@@ -240,20 +240,6 @@ pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
     num / den
 }
 
-/// Whether the kernels may divide `a / b` without a range check
-/// (`kv_div_in_fast_domain`): `1 <= b <= 2` and `a` is ±0 or
-/// `2^-100 <= |a| < 2^101`. There NVIDIA's correctly rounded division never
-/// takes its slow path, so the kernels run its fast instructions alone (the
-/// CUDA prelude's `kv_divf_in_range`); the quotient is `a / b` either way. A
-/// pooled dim's denominator is in `[1, 2]` unless a score is NaN or
-/// infinite.
-#[inline]
-pub fn div_in_fast_domain(a: f32, b: f32) -> bool {
-    let ab = a.to_bits() & 0x7fff_ffff;
-    let e = ab >> 23;
-    (ab == 0 || (27..=227).contains(&e)) && (1.0..=2.0).contains(&b)
-}
-
 /// The numerator and denominator of [`pool2`]: the kernels compute every
 /// dim's terms before the first division (on NVIDIA a division ends in a
 /// branch that would hold back the next dim's exps).
@@ -322,53 +308,6 @@ mod tests {
         let ln2 = std::f64::consts::LN_2;
         assert!((LN2_HI as f64 + LN2_LO as f64 - ln2).abs() < 1e-13);
         assert_eq!(LN2_HI.to_bits() & 0x1ff, 0);
-    }
-
-    #[test]
-    fn fast_division_domain_boundaries() {
-        let p = |e: i32| 2f32.powi(e);
-        for a in [
-            0.0,
-            -0.0,
-            p(-100),
-            -p(-100),
-            1.0,
-            -3.5,
-            p(100),
-            next_below(p(101)),
-        ] {
-            assert!(div_in_fast_domain(a, 1.0), "{a:e}");
-            assert!(div_in_fast_domain(a, 2.0), "{a:e}");
-            assert!(div_in_fast_domain(a, 1.5), "{a:e}");
-        }
-        for a in [
-            next_below(p(-100)),
-            p(101),
-            f32::INFINITY,
-            f32::NAN,
-            f32::MIN_POSITIVE,
-            f32::from_bits(1),
-        ] {
-            assert!(!div_in_fast_domain(a, 1.0), "{a:e}");
-            assert!(!div_in_fast_domain(-a, 1.0), "{a:e}");
-        }
-        for b in [
-            next_below(1.0),
-            2.0f32.next_up(),
-            0.0,
-            f32::NAN,
-            f32::INFINITY,
-            -1.5,
-        ] {
-            assert!(!div_in_fast_domain(1.0, b), "{b:e}");
-        }
-        // A pooled dim of finite scores: the larger weight is 1, the other in [0, 1].
-        let (num, den) = pool2_terms(3.0, 0.5, -2.0, 7.0);
-        assert!(div_in_fast_domain(num, den));
-    }
-
-    fn next_below(x: f32) -> f32 {
-        f32::from_bits(x.to_bits() - 1)
     }
 
     #[test]
