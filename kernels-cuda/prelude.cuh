@@ -26,7 +26,7 @@
 #endif
 // Two blocks per SM: the one-group fused CR2 kernels hold a CR2 item's two
 // rows (64 floats a lane) with the insert's state live and spill at 80
-// registers (88-93 without a bound). They run only for launches above the
+// registers (they take 94-96 when allowed). They run only for launches above the
 // team threshold (long prefills), and with blocks of 128 threads 96
 // registers still leave 20 warps per SM.
 #define KV_LAUNCH_BOUNDS_2(n) __launch_bounds__(n, 2)
