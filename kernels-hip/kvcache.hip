@@ -73,6 +73,8 @@ struct KvInsertParams {
     int32_t n;
     uint32_t compress_ratio;
     uint32_t flags;
+    int32_t block_shift;  // log2(block_size), or -1 when not a power of two
+    uint32_t pad;
 };
 
 struct KvRingRowsParams {
@@ -452,6 +454,9 @@ KV_DEVICE float kv_sanitized(float v, bool sanitize) { return (sanitize && kv_is
 
 // The insert rule's checks for token t, given its slot and position
 // (counting skips); on success sets the cos/sin row.
+// CR1_ONLY: the caller's launch is CR1 (the tile-major inserts), and the
+// compress-ratio test compiles away.
+template <bool CR1_ONLY>
 KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t pos, unsigned tile,
                                int64_t* base_out) {
     if (slot < 0) return false;
@@ -460,7 +465,7 @@ KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t po
         return false;
     }
     // compress_ratio is 1 or 2 (validated): boundary iff (pos + 1) % cr == 0.
-    bool cr2 = p.compress_ratio == 2u;
+    bool cr2 = !CR1_ONLY && p.compress_ratio == 2u;
     if (cr2 && (pos & 1) == 0) return false;
     int64_t base = cr2 ? (pos & ~(int64_t)1) : pos;
     if (base >= p.cos_rows) {
@@ -494,8 +499,16 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
     } else {
         kv_rotate16<TILES>(p, base, tile, h, r);  // V4 rotates by pairs below
     }
+    // Page and row: a shift and a mask for the power-of-two page sizes the
+    // host marks (fewer instructions than kv_divmod's test for one).
     int64_t row;
-    int64_t block = kv_divmod(slot, p.block_size, &row);
+    int64_t block;
+    if (p.block_shift >= 0) {
+        row = slot & (int64_t)(p.block_size - 1);
+        block = slot >> p.block_shift;
+    } else {
+        block = kv_divmod(slot, p.block_size, &row);
+    }
     uint8_t* page = p.cache + block * p.block_stride;
 
     if (LAYOUT == KV_LAYOUT_V4) {
@@ -579,7 +592,7 @@ KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile
     int64_t slot = kv_load_index(p.slots, (p.flags & KV_F_SLOT_I64) != 0u, t);
     int64_t pos = kv_load_index(p.positions, (p.flags & KV_F_POS_I64) != 0u, t);
     int64_t base;
-    if (!kv_insert_check(p, slot, pos, tile, &base)) return;
+    if (!kv_insert_check<TILES>(p, slot, pos, tile, &base)) return;
     kv_write_record<LAYOUT, TILES>(p, slot, base, tile, h, fp8_scale);
 }
 
@@ -600,7 +613,7 @@ KV_DEVICE void kv_emit_latent(const KvCompressParams& c, const KvInsertParams* i
         // kernels sit at AMD's scalar-register limit.
         float fp8_scale = kv_load_fp8_scale<LAYOUT>(*ins);
         int64_t base;
-        if (kv_insert_check(*ins, slot, pos, lane, &base))
+        if (kv_insert_check<false>(*ins, slot, pos, lane, &base))
             kv_write_record<LAYOUT, false>(*ins, slot, base, lane, out, fp8_scale);
     }
 }
@@ -923,11 +936,11 @@ KV_INSERT_KERNEL(kv_insert_bf16, KV_LAYOUT_BF16)
 KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8)
 
 // The host runs these for CR1 launches above 2048 tokens (src/kernel_abi.rs,
-// insert_uses_tiles): at decode sizes a block's mixed warp runs both paths
-// within one token's latency, and with CR2 only every other token is
-// usually written, while a warp of tiles from several tokens does the full
-// work when any one of them is written (a token per group: a skipped
-// token's warp simply ends). V4
+// insert_uses_tiles), and only for CR1: they skip the compress-ratio test.
+// At decode sizes a block's mixed warp runs both paths within one token's
+// latency, and with CR2 only every other token is usually written, while a
+// warp of tiles from several tokens does the full work when any one of them
+// is written (a token per group: a skipped token's warp simply ends). V4
 // gathers its RoPE pairs across a group's lanes and MXFP8 shares a scale
 // between two lanes (a shuffle, which every lane of a warp must join): both
 // keep a token per group always.

@@ -235,6 +235,10 @@ pub struct InsertParams {
     pub compress_ratio: u32,
     /// [`flags`].
     pub flags: u32,
+    /// `log2(block_size)`, or -1 when the block size is not a power of two.
+    pub block_shift: i32,
+    /// Padding to 8 bytes.
+    pub pad: u32,
 }
 
 /// `KvRingRowsParams`.
@@ -381,6 +385,17 @@ pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertPa
         n: p.n as i32,
         compress_ratio: p.compress_ratio,
         flags: f,
+        block_shift: block_shift(p.cache.block_size),
+        pad: 0,
+    }
+}
+
+/// `log2(block_size)` for a power of two, else -1 (the kernels then divide).
+fn block_shift(block_size: usize) -> i32 {
+    if block_size.is_power_of_two() {
+        block_size.trailing_zeros() as i32
+    } else {
+        -1
     }
 }
 
@@ -546,9 +561,10 @@ pub fn insert_launch(p: &InsertPlan) -> Launch {
 /// runs both paths one after the other: BF16 and FP8 were 3-4 % slower at
 /// 16 and 128 tokens. CR2 writes only the tokens that close a group, usually
 /// every other one, and a warp holding tiles of a written and a skipped
-/// token does the full work: CR2 inserts were up to 10 % slower. The
-/// environment variable `DSV4_KVCACHE_INSERT_TILES` (0 or 1) forces the
-/// choice, for testing and benchmarking.
+/// token does the full work: CR2 inserts were up to 10 % slower, and the
+/// kernels are CR1 only. The environment variable
+/// `DSV4_KVCACHE_INSERT_TILES` (0 or 1) forces the choice for CR1, for
+/// testing and benchmarking.
 pub fn insert_uses_tiles(compress_ratio: u32, n: u64) -> bool {
     static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let forced =
@@ -559,7 +575,8 @@ pub fn insert_uses_tiles(compress_ratio: u32, n: u64) -> bool {
                 _ => None,
             },
         );
-    forced.unwrap_or(compress_ratio == 1 && n > SMALL_LAUNCH_ITEMS)
+    // The tile-major kernels are CR1 only (they skip the compress-ratio test).
+    compress_ratio == 1 && forced.unwrap_or(n > SMALL_LAUNCH_ITEMS)
 }
 
 /// The launch of a `save_ring_rows` plan.
@@ -657,7 +674,7 @@ mod tests {
         // pointers, then 32-bit counts and strides (validated to fit), with
         // explicit padding to 8 bytes.
         assert_eq!(std::mem::size_of::<CompressParams>(), 11 * 8 + 12 * 4);
-        assert_eq!(std::mem::size_of::<InsertParams>(), 7 * 8 + 10 * 4);
+        assert_eq!(std::mem::size_of::<InsertParams>(), 7 * 8 + 12 * 4);
         assert_eq!(std::mem::size_of::<RingRowsParams>(), 4 * 8 + 8 * 4);
         assert_eq!(
             std::mem::size_of::<FusedParams>(),
@@ -726,6 +743,12 @@ mod tests {
 
     #[test]
     fn large_cr1_inserts_run_tile_major_where_the_layout_has_it() {
+        assert_eq!(block_shift(64), 6);
+        assert_eq!(block_shift(1), 0);
+        assert_eq!(block_shift(48), -1);
+        // CR2 never, forced or not: the kernels skip the compress-ratio test.
+        assert!(!insert_uses_tiles(2, 1 << 20));
+        assert!(!insert_uses_tiles(2, 1));
         if std::env::var_os("DSV4_KVCACHE_INSERT_TILES").is_some() {
             eprintln!("DSV4_KVCACHE_INSERT_TILES is set: the default choice is not checked");
             return;
