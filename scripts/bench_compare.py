@@ -19,6 +19,10 @@ PAIRS = [
     ("insert bf16", "own insert BF16 rows", "own, from the spec"),
     ("insert fp8", "own insert FP8 rows", "own, from the spec"),
     ("compress CR1", "own save/compress/norm CR1", "own, from the spec"),
+    ("compress CR2, T one-token requests", "own save/compress/norm CR2, T one-token requests",
+     "own, from the spec"),
+    ("compress CR2, 4 requests of T/4", "own save/compress/norm CR2, 4 requests of T/4",
+     "own, from the spec"),
 ]
 
 

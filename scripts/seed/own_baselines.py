@@ -113,6 +113,92 @@ def _own_norm_cr1_kernel(kv_score, slots, weight, latent_out, EPS: tl.constexpr,
     tl.store(latent_out + t.to(tl.int64) * 512 + d, (v * inv * w).to(tl.bfloat16))
 
 
+@triton.jit
+def _own_exp(x):
+    """semantics.md's shared exp, as math::exp defines it: Cody-Waite reduction
+    with ln2 split in two, degree-7 Taylor by Horner in fma, 2^n from exponent
+    bits (in two steps below 2^-126); +inf above 88.72284, +0 below -103.97208,
+    NaN for NaN. Not tl.exp, which is ex2.approx."""
+    in_range = (x >= -103.97208) & (x <= 88.72284)
+    xr = tl.where(in_range, x, 0.0)
+    t = xr * 1.4426950408889634
+    n = (t + 12582912.0) - 12582912.0
+    r = tl.fma(n, -0.693145751953125, xr)
+    r = tl.fma(n, -1.4286067653301870e-06, r)
+    p = tl.full(x.shape, 1.0 / 5040.0, tl.float32)
+    p = tl.fma(p, r, 1.0 / 720.0)
+    p = tl.fma(p, r, 1.0 / 120.0)
+    p = tl.fma(p, r, 1.0 / 24.0)
+    p = tl.fma(p, r, 1.0 / 6.0)
+    p = tl.fma(p, r, 0.5)
+    p = tl.fma(p, r, 1.0)
+    p = tl.fma(p, r, 1.0)
+    ni = n.to(tl.int32)
+    lo = ni < -126
+    hi = ni > 127
+    e1 = tl.where(lo, ni + 100, tl.where(hi, ni - 1, ni))
+    m2 = tl.where(lo, 7.888609052210118e-31, tl.where(hi, 2.0, 1.0))
+    y = (p * ((e1 + 127) << 23).to(tl.float32, bitcast=True)) * m2
+    outside = tl.where(x != x, float("nan"), tl.where(x > 0.0, float("inf"), 0.0))
+    return tl.where(in_range, y, outside)
+
+
+@triton.jit
+def _own_pool_norm(older, newer, weight, out, EPS: tl.constexpr):
+    """latent = rmsnorm(pool(older, newer)) of two [kv 512 | score 512] rows:
+    per dim m = max(s0, s1), w = exp(s - m), (kv0 w0 + kv1 w1) / (w0 + w1),
+    IEEE division; the norm as the CR1 baseline computes it."""
+    d = tl.arange(0, 512)
+    kv0 = tl.load(older + d)
+    s0 = tl.load(older + 512 + d)
+    kv1 = tl.load(newer + d)
+    s1 = tl.load(newer + 512 + d)
+    m = tl.maximum(s0, s1)
+    w0 = _own_exp(s0 - m)
+    w1 = _own_exp(s1 - m)
+    v = tl.math.div_rn(kv0 * w0 + kv1 * w1, w0 + w1)
+    var = tl.sum(v * v, 0) / 512.0
+    inv = tl.math.div_rn(1.0, tl.sqrt_rn(var + EPS))
+    w = tl.load(weight + d).to(tl.float32)
+    tl.store(out + d, (v * inv * w).to(tl.bfloat16))
+
+
+@triton.jit
+def _own_compress_cr2_kernel(kv_score, positions, slots, qsl, ttr, ring, weight, latent_out, num_reqs,
+                             EPS: tl.constexpr, CAP: tl.constexpr):
+    """CR2 save/compress/norm without prev_rows, in one launch: programs
+    0..num_reqs-1 are requests (the first token's group, pooled with the ring
+    row of the position before it, then the ring stores of the chunk's last
+    CAP tokens, after that read), the others tokens (the group a token with an
+    odd position closes inside its chunk)."""
+    pid = tl.program_id(0)
+    if pid < num_reqs:
+        start = tl.load(qsl + pid)
+        end = tl.load(qsl + pid + 1)
+        slot_f = tl.load(slots + start, mask=start < end, other=-1)
+        if (start < end) & (slot_f >= 0):
+            pos = tl.load(positions + start)
+            if pos % 2 == 1:
+                older = ring + ((slot_f // CAP) * CAP + (pos - 1) % CAP).to(tl.int64) * 1024
+                _own_pool_norm(older, kv_score + start.to(tl.int64) * 1024, weight,
+                               latent_out + start.to(tl.int64) * 512, EPS)
+            e = tl.arange(0, 1024)
+            for u in range(tl.maximum(end - CAP, start), end):
+                su = tl.load(slots + u)
+                if su >= 0:
+                    # int32 offsets: the benchmark's rows and ring stay below 2^31 floats
+                    row = tl.load(kv_score + u * 1024 + e)
+                    tl.store(ring + su * 1024 + e, row)
+    else:
+        t = pid - num_reqs
+        start = tl.load(qsl + tl.load(ttr + t))
+        slot = tl.load(slots + t)
+        pos = tl.load(positions + t)
+        if (t != start) & (slot >= 0) & (pos % 2 == 1):
+            row = kv_score + t.to(tl.int64) * 1024
+            _own_pool_norm(row - 1024, row, weight, latent_out + t.to(tl.int64) * 512, EPS)
+
+
 # --------------------------------------------------------------- launchers
 def v4_insert(latent, positions, cos_sin, kv_cache, slot_mapping, compress_ratio):
     assert kv_cache.dtype == torch.uint8 and kv_cache.shape[-1] == 584
@@ -136,4 +222,14 @@ def rows_insert(latent, positions, cos_sin, kv_cache, slot_mapping, compress_rat
 def norm_cr1(kv_score, slot_mapping, weight, eps, latent_out):
     _own_norm_cr1_kernel[(slot_mapping.numel(),)](
         kv_score, slot_mapping, weight, latent_out, EPS=eps, RAW_STRIDE=kv_score.stride(0), num_warps=4,
+    )
+
+
+def compress_cr2(kv_score, positions, slot_mapping, query_start_loc, token_to_req, state_cache, weight, eps,
+                 latent_out):
+    """CR2 save/compress/norm, no prev_rows; state_cache is [blocks, capacity, 1024] f32."""
+    num_reqs = query_start_loc.numel() - 1
+    _own_compress_cr2_kernel[(num_reqs + kv_score.shape[0],)](
+        kv_score, positions, slot_mapping, query_start_loc, token_to_req, state_cache, weight, latent_out,
+        num_reqs, EPS=eps, CAP=state_cache.shape[1], num_warps=4,
     )

@@ -13,8 +13,10 @@ Rows:
   counting bytes read plus bytes written (the roofline).
 - "own Triton baseline written from the spec" (own_baselines.py; not seed
   code): V4 584 B insert, BF16-rows insert, FP8-rows insert, CR1
-  save/compress/norm. Skip with --no-baselines; a failing baseline is reported
-  and skipped, it never stops the seed rows.
+  save/compress/norm, and CR2 save/compress/norm (T one-token requests and 4
+  requests of T/4, ring of 2 rows, the inputs of `dsv4-kvcache bench`; the
+  pooling's exp is semantics.md's, not tl.exp). Skip with --no-baselines; a
+  failing baseline is reported and skipped, it never stops the seed rows.
 
 GPU host:  python3 scripts/seed/seed_bench.py --seed-doc .carry/seed.txt --out $OUT/seed_bench.json
 CPU smoke: TRITON_INTERPRET=1 python3 scripts/seed/seed_bench.py --device cpu --smoke
@@ -109,7 +111,31 @@ def build_ops(T, dev, baselines):
         out = torch.zeros(T, 512, dtype=torch.bfloat16, device=dev)
         ops["own save/compress/norm CR1"] = ("own", lambda: own_baselines.norm_cr1(
             kv, slots, w, 1e-6, out))
+        for label, reqs in (("T one-token requests", T), ("4 requests of T/4", 4)):
+            a = cr2_inputs(T, reqs, g, dev)
+            ops[f"own save/compress/norm CR2, {label}"] = ("own", lambda a=a: own_baselines.compress_cr2(
+                *a, w, 1e-6, out))
     return ops
+
+
+def cr2_inputs(T, reqs, g, dev, cap=2):
+    """The CR2 inputs of `dsv4-kvcache bench` (vectors::cases::make_case):
+    positions 0..T, T tokens split into `reqs` near-equal chunks, request r's
+    ring rows r * cap .. r * cap + cap, slot = r * cap + p % cap."""
+    sizes = [T // reqs + (1 if i < T % reqs else 0) for i in range(reqs)]
+    qsl = [0]
+    ttr, slots = [], []
+    for r, n in enumerate(sizes):
+        start = qsl[-1]
+        for p in range(start, start + n):
+            ttr.append(r)
+            slots.append(r * cap + p % cap)
+        qsl.append(start + n)
+    kv = torch.randn(T, 1024, generator=g).to(dev)
+    positions = torch.arange(T, dtype=torch.int64).to(dev)
+    ring = torch.randn(reqs, cap, 1024, generator=g).to(dev)
+    as_dev = lambda v: torch.tensor(v, dtype=torch.int64).to(dev)  # noqa: E731
+    return kv, positions, as_dev(slots), as_dev(qsl), as_dev(ttr), ring
 
 
 KERNELS = {}

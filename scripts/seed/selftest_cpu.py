@@ -209,6 +209,64 @@ def test_own_baselines(T=200):
     want = seedlib.bf16_bits_from_f32(ref.astype(np.float32)).astype(np.int32)
     v = slots >= 0
     check(np.abs(got[v] - want[v]).max() <= 1 and (got[~v] == 0).all(), "own CR1 norm within 1 bf16 ulp")
+    test_own_cr2(rng, w)
+
+
+def test_own_cr2(rng, w, cap=2):
+    """Own CR2 baseline against a float64 model of semantics.md: chunks of
+    several lengths (one empty, one longer than the ring), positions
+    continuing each request's history, some slots < 0 (a chunk's first token
+    among them); latents within 1 bf16 ulp, ring stores bit copies read after
+    the first token's ring read, every other latent row and ring row kept."""
+    import torch
+    import own_baselines as ob
+
+    sizes = [1, 3, 0, 5, 2, 1, 4]
+    qsl = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    T, R = int(qsl[-1]), len(sizes)
+    start_pos = rng.integers(0, 9, R)
+    pos = np.concatenate([start_pos[r] + np.arange(n) for r, n in enumerate(sizes)]).astype(np.int64)
+    ttr = np.concatenate([np.full(n, r) for r, n in enumerate(sizes)]).astype(np.int64)
+    slots = np.array([ttr[t] * cap + pos[t] % cap for t in range(T)], np.int64)
+    slots[[4, 9]] = -1  # the first token of request 3, and a later token of request 3
+    kv = rng.standard_normal((T, 1024)).astype(np.float32)
+    ring_in = rng.standard_normal((R, cap, 1024)).astype(np.float32)
+    lat_in = np.full((T, 512), 0x4049, np.uint16)
+    wf = seedlib.f32_from_bf16_bits(w).astype(np.float64)
+
+    def pooled_norm(older, newer):
+        o, n = older.astype(np.float64), newer.astype(np.float64)
+        m = np.maximum(o[512:], n[512:])
+        w0, w1 = np.exp(o[512:] - m), np.exp(n[512:] - m)
+        v = (o[:512] * w0 + n[:512] * w1) / (w0 + w1)
+        return v / np.sqrt((v ** 2).mean() + 1e-6) * wf
+
+    want_lat = lat_in.astype(np.int32).copy()
+    want_ring = ring_in.copy()
+    for r in range(R):
+        s_, e_ = qsl[r], qsl[r + 1]
+        for t in range(s_, e_):
+            if slots[t] < 0 or pos[t] % 2 == 0:
+                continue
+            older = ring_in.reshape(R * cap, 1024)[(slots[s_] // cap) * cap + (pos[t] - 1) % cap] if t == s_ \
+                else kv[t - 1]
+            want_lat[t] = seedlib.bf16_bits_from_f32(pooled_norm(older, kv[t]).astype(np.float32))
+        if s_ < e_ and slots[s_] >= 0:
+            for u in range(max(e_ - cap, s_), e_):
+                if slots[u] >= 0:
+                    want_ring.reshape(R * cap, 1024)[slots[u]] = kv[u]
+    ring_t = torch.from_numpy(ring_in.copy())
+    lat_t = torch.from_numpy(lat_in.view(np.int16).copy()).view(torch.bfloat16)
+    ob.compress_cr2(torch.from_numpy(kv), torch.from_numpy(pos), torch.from_numpy(slots), torch.from_numpy(qsl),
+                    torch.from_numpy(ttr), ring_t, torch.from_numpy(w.view(np.int16).copy()).view(torch.bfloat16),
+                    1e-6, lat_t)
+    got = lat_t.view(torch.int16).numpy().view(np.uint16).astype(np.int32)
+    written = (got != 0x4049).any(1)
+    expect_written = (want_lat != 0x4049).any(1)
+    check(np.array_equal(written, expect_written) and expect_written.sum() >= 4,
+          f"own CR2 writes the latents of the {expect_written.sum()} closing tokens, and only those")
+    check(np.abs(got - want_lat).max() <= 1, "own CR2 latents within 1 bf16 ulp of the float64 model")
+    check(np.array_equal(ring_t.numpy(), want_ring), "own CR2 ring: the chunks' last tokens copied, after the read")
 
 
 def _round_f32_exact(q):
