@@ -104,24 +104,12 @@ pub fn e4m3_to_f32(c: u8) -> f32 {
 }
 
 /// The value `s` of an NVFP4 tile scale code (a positive, finite, non-zero
-/// e4m3 code, 1..=0x7E) and `f32(1 / s)`, both exact and without a division.
-/// A subnormal code's value `m 2^-9` is computed as `(1 + m/8) 2^-6 - 2^-6`
-/// (an exact difference), so both kinds share one formula; the reciprocal is
-/// the rounded reciprocal of `s`'s mantissa `P = 1 + j/8` (a table of eight)
-/// times `2^-k`, which is exact because scaling by a power of two commutes
-/// with rounding in the normal range.
+/// e4m3 code, 1..=0x7E) and `f32(1 / s)`, as `kv_nvfp4_scale` computes them:
+/// the value without a branch (a subnormal code's `m 2^-9` is
+/// `(1 + m/8) 2^-6 - 2^-6`, an exact difference, so both kinds share one
+/// formula), the reciprocal by one correctly rounded division per tile.
 #[inline]
 pub fn nvfp4_scale(code: u8) -> (f32, f32) {
-    const RECIP_P: [u32; 8] = [
-        0x3f80_0000,
-        0x3f63_8e39,
-        0x3f4c_cccd,
-        0x3f3a_2e8c,
-        0x3f2a_aaab,
-        0x3f1d_89d9,
-        0x3f12_4925,
-        0x3f08_8889,
-    ];
     let e = ((code >> 3) & 0xf) as u32;
     let m = (code & 7) as u32;
     let v = f32::from_bits(((e.max(1) + 120) << 23) | (m << 20));
@@ -130,10 +118,7 @@ pub fn nvfp4_scale(code: u8) -> (f32, f32) {
     } else {
         v
     };
-    let sb = s.to_bits();
-    let j = ((sb >> 20) & 7) as usize;
-    let k = (sb >> 23) as i32 - 127;
-    (s, f32::from_bits(RECIP_P[j]) * pow2(-k))
+    (s, 1.0 / s)
 }
 
 /// The e2m1 magnitude nearest a non-negative `q` (ties to the even code,

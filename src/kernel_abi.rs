@@ -13,6 +13,7 @@
 
 use crate::layout::RecordLayout;
 use crate::ops::{CompressPlan, FusedPlan, IndexPlan, InsertPlan, RingRowsPlan};
+use std::sync::OnceLock;
 
 /// Threads that handle one token.
 pub const GROUP_LANES: u32 = 32;
@@ -473,12 +474,22 @@ pub fn geometry(items: u64) -> Geometry {
 }
 
 fn forced_groups_per_block() -> Option<u32> {
-    static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    static FORCED: OnceLock<Option<u32>> = OnceLock::new();
     *FORCED.get_or_init(|| {
         std::env::var("DSV4_KVCACHE_GROUPS_PER_BLOCK")
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok())
             .filter(|g| matches!(g, 2 | 4 | 8))
+    })
+}
+
+/// A benchmarking switch: the environment variable `var` set to `0` or `1`
+/// forces a launch choice off or on (read once, into `cell`).
+fn forced_switch(cell: &'static OnceLock<Option<bool>>, var: &str) -> Option<bool> {
+    *cell.get_or_init(|| match std::env::var(var).as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
     })
 }
 
@@ -506,14 +517,8 @@ pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
 /// [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]). The environment variable
 /// `DSV4_KVCACHE_CR2_TEAMS` (0 or 1) forces the choice, for benchmarking.
 pub fn cr2_uses_teams(n: u64, num_reqs: u64) -> bool {
-    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let forced = *FORCED.get_or_init(
-        || match std::env::var("DSV4_KVCACHE_CR2_TEAMS").as_deref() {
-            Ok("0") => Some(false),
-            Ok("1") => Some(true),
-            _ => None,
-        },
-    );
+    static FORCED: OnceLock<Option<bool>> = OnceLock::new();
+    let forced = forced_switch(&FORCED, "DSV4_KVCACHE_CR2_TEAMS");
     let limit = if 2 * num_reqs >= n {
         CR2_TEAM_MAX_ITEMS
     } else {
@@ -566,15 +571,8 @@ pub fn insert_launch(p: &InsertPlan) -> Launch {
 /// `DSV4_KVCACHE_INSERT_TILES` (0 or 1) forces the choice for CR1, for
 /// testing and benchmarking.
 pub fn insert_uses_tiles(compress_ratio: u32, n: u64) -> bool {
-    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let forced =
-        *FORCED.get_or_init(
-            || match std::env::var("DSV4_KVCACHE_INSERT_TILES").as_deref() {
-                Ok("0") => Some(false),
-                Ok("1") => Some(true),
-                _ => None,
-            },
-        );
+    static FORCED: OnceLock<Option<bool>> = OnceLock::new();
+    let forced = forced_switch(&FORCED, "DSV4_KVCACHE_INSERT_TILES");
     // The tile-major kernels are CR1 only (they skip the compress-ratio test).
     compress_ratio == 1 && forced.unwrap_or(n > SMALL_LAUNCH_ITEMS)
 }
