@@ -52,7 +52,7 @@ struct KvCompressParams {
     int32_t num_reqs;
     float eps;
     uint32_t flags;
-    uint32_t pad;
+    int32_t ring_shift;  // log2(ring_capacity), or -1 when not a power of two
 };
 
 struct KvInsertParams {
@@ -89,7 +89,7 @@ struct KvRingRowsParams {
     int32_t ring_capacity;
     int32_t n;
     uint32_t flags;
-    uint32_t pad;
+    int32_t ring_shift;  // log2(ring_capacity), or -1 when not a power of two
 };
 
 struct KvFusedParams {
@@ -152,12 +152,6 @@ KV_DEVICE int64_t kv_load_index(const void* p, bool is64, int64_t i) {
 // where the division is far cheaper (a 64-bit one is a long software
 // sequence on both vendors and costs scalar registers on AMD).
 KV_DEVICE int64_t kv_divmod(int64_t a, int64_t b, int64_t* rem) {
-    // Page sizes are powers of two in practice: a shift and a mask (b is the
-    // same for the whole launch, so the branch does not diverge).
-    if ((b & (b - 1)) == 0) {
-        *rem = a & (b - 1);
-        return a >> (63 - __builtin_clzll((uint64_t)b));
-    }
     if (((uint64_t)a | (uint64_t)b) <= 0xffffffffull) {
         uint32_t q = (uint32_t)a / (uint32_t)b;
         *rem = (int64_t)((uint32_t)a - q * (uint32_t)b);
@@ -166,6 +160,18 @@ KV_DEVICE int64_t kv_divmod(int64_t a, int64_t b, int64_t* rem) {
     int64_t q = a / b;
     *rem = a - q * b;
     return q;
+}
+
+// The page (or ring block) of a slot >= 0 and its row there. Page sizes are
+// powers of two in practice: the host passes log2(rows) as shift, and a
+// shift and a mask replace the division (shift is the launch's, so the
+// branch does not diverge).
+KV_DEVICE int64_t kv_page_row(int64_t slot, int32_t rows, int32_t shift, int64_t* row) {
+    if (shift >= 0) {
+        *row = slot & (int64_t)(rows - 1);
+        return slot >> shift;
+    }
+    return kv_divmod(slot, rows, row);
 }
 
 KV_DEVICE void kv_count(unsigned* counters, int which, unsigned lane) {
@@ -499,16 +505,8 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
     } else {
         kv_rotate16<TILES>(p, base, tile, h, r);  // V4 rotates by pairs below
     }
-    // Page and row: a shift and a mask for the power-of-two page sizes the
-    // host marks (fewer instructions than kv_divmod's test for one).
     int64_t row;
-    int64_t block;
-    if (p.block_shift >= 0) {
-        row = slot & (int64_t)(p.block_size - 1);
-        block = slot >> p.block_shift;
-    } else {
-        block = kv_divmod(slot, p.block_size, &row);
-    }
+    int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
     uint8_t* page = p.cache + block * p.block_stride;
 
     if (LAYOUT == KV_LAYOUT_V4) {
@@ -780,7 +778,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
     if (slot_f < 0) return;
     const int64_t cap = c.ring_capacity;
     int64_t row_f;
-    int64_t blk_f = kv_divmod(slot_f, cap, &row_f);
+    int64_t blk_f = kv_page_row(slot_f, cap, c.ring_shift, &row_f);
     const float* older = 0;
     if (pos >= 0 && (pos & 1) == 1 && owner == r) {
         if (j >= 0) {
@@ -791,7 +789,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
             }
         } else {
             int64_t prow;
-            kv_divmod(pos - 1, cap, &prow);
+            kv_page_row(pos - 1, cap, c.ring_shift, &prow);
             if (blk_f >= c.ring_blocks) {
                 kv_team_count(c.counters, KV_COUNT_SLOT, tl);
             } else {
@@ -825,7 +823,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         int64_t slot = kv_load_index(c.slots, s64, u);
         if (slot < 0) continue;
         int64_t row;
-        int64_t blk = kv_divmod(slot, cap, &row);
+        int64_t blk = kv_page_row(slot, cap, c.ring_shift, &row);
         if (blk >= c.ring_blocks) {
             kv_team_count(c.counters, KV_COUNT_SLOT, tl);
             continue;
@@ -887,7 +885,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRing
     int64_t slot = kv_load_index(p.slots, (p.flags & KV_F_SLOT_I64) != 0u, i);
     if (slot < 0) return;
     int64_t row;
-    int64_t blk = kv_divmod(slot, p.ring_capacity, &row);
+    int64_t blk = kv_page_row(slot, p.ring_capacity, p.ring_shift, &row);
     if (blk >= p.ring_blocks) {
         kv_count(p.counters, KV_COUNT_SLOT, lane);
         return;

@@ -194,8 +194,9 @@ pub struct CompressParams {
     pub eps: f32,
     /// [`flags`].
     pub flags: u32,
-    /// Padding (keeps the C and Rust sizes equal).
-    pub pad: u32,
+    /// `log2(ring_capacity)`, or -1 when the capacity is not a power of two
+    /// (or there is no ring).
+    pub ring_shift: i32,
 }
 
 /// `KvInsertParams`. Pointers are device addresses.
@@ -268,8 +269,8 @@ pub struct RingRowsParams {
     pub n: i32,
     /// [`flags`].
     pub flags: u32,
-    /// Padding (keeps the C and Rust sizes equal).
-    pub pad: u32,
+    /// `log2(ring_capacity)`, or -1 when the capacity is not a power of two.
+    pub ring_shift: i32,
 }
 
 /// `KvFusedParams`: the two blocks one after the other.
@@ -335,6 +336,7 @@ pub fn compress_params(p: &CompressPlan, b: &CompressPtrs) -> CompressParams {
         kv_row_stride: p.kv_score.row_stride as i32,
         n: p.n as i32,
         eps: p.eps,
+        ring_shift: -1,
         ..Default::default()
     };
     if let (Some(r), Some(q), Some(t)) = (p.ring, p.query_start_loc, p.token_to_req) {
@@ -343,6 +345,7 @@ pub fn compress_params(p: &CompressPlan, b: &CompressPtrs) -> CompressParams {
         c.ring_row_stride = r.row_stride as i32;
         c.ring_blocks = r.blocks as i32;
         c.ring_capacity = r.capacity as i32;
+        c.ring_shift = pow2_shift(r.capacity);
         c.qsl = b.qsl + q.offset as u64;
         c.ttr = b.ttr + t.offset as u64;
         c.num_reqs = (q.len - 1) as i32;
@@ -386,15 +389,16 @@ pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertPa
         n: p.n as i32,
         compress_ratio: p.compress_ratio,
         flags: f,
-        block_shift: block_shift(p.cache.block_size),
+        block_shift: pow2_shift(p.cache.block_size),
         pad: 0,
     }
 }
 
-/// `log2(block_size)` for a power of two, else -1 (the kernels then divide).
-fn block_shift(block_size: usize) -> i32 {
-    if block_size.is_power_of_two() {
-        block_size.trailing_zeros() as i32
+/// `log2(rows)` for a power of two, else -1: the kernels find a slot's page
+/// (or ring block) and row with a shift and a mask, or else divide.
+fn pow2_shift(rows: usize) -> i32 {
+    if rows.is_power_of_two() {
+        rows.trailing_zeros() as i32
     } else {
         -1
     }
@@ -421,7 +425,7 @@ pub fn ring_rows_params(
         ring_capacity: p.ring.capacity as i32,
         n: p.n as i32,
         flags: i64_flag(&p.slots, flags::SLOT_I64),
-        pad: 0,
+        ring_shift: pow2_shift(p.ring.capacity),
     }
 }
 
@@ -741,9 +745,9 @@ mod tests {
 
     #[test]
     fn large_cr1_inserts_run_tile_major_where_the_layout_has_it() {
-        assert_eq!(block_shift(64), 6);
-        assert_eq!(block_shift(1), 0);
-        assert_eq!(block_shift(48), -1);
+        assert_eq!(pow2_shift(64), 6);
+        assert_eq!(pow2_shift(1), 0);
+        assert_eq!(pow2_shift(48), -1);
         // CR2 never, forced or not: the kernels skip the compress-ratio test.
         assert!(!insert_uses_tiles(2, 1 << 20));
         assert!(!insert_uses_tiles(2, 1));
