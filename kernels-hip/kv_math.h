@@ -108,12 +108,21 @@ KV_DEVICE float kv_block_scale_multiplier(bool finite, int e) {
 
 // Softmax pooling of two rows' values for one dim: the numerator and the
 // denominator, then their quotient.
+// One kv_exp per dim: the larger score's difference is +-0 (weight 1) or
+// NaN (everything NaN), so the sum of the two differences is the smaller
+// score's, whose weight e is the only exp (see math::pool2_terms). The sign
+// of d0 says whether s0 is the smaller score; the values are picked with
+// bit masks, not a select, whose per-dim lane masks would live in SGPR pairs
+// on AMD (gfx942's fused CR2 kernels reached 106 SGPRs and spilled).
 KV_DEVICE void kv_pool2_terms(float kv0, float s0, float kv1, float s1, float* num, float* den) {
     float m = kv_max_nan_ignoring(s0, s1);
-    float w0 = kv_exp(s0 - m);
-    float w1 = kv_exp(s1 - m);
-    *num = kv0 * w0 + kv1 * w1;
-    *den = w0 + w1;
+    float d0 = s0 - m;
+    float e = kv_exp(d0 + (s1 - m));
+    uint32_t lo = (uint32_t)((int32_t)kv_f2u(d0) >> 31);  // all ones if d0 < 0
+    float kv_lo = kv_u2f((kv_f2u(kv0) & lo) | (kv_f2u(kv1) & ~lo));
+    float kv_hi = kv_u2f((kv_f2u(kv1) & lo) | (kv_f2u(kv0) & ~lo));
+    *num = kv_lo * e + kv_hi;
+    *den = 1.0f + e;
 }
 
 KV_DEVICE float kv_pool2(float kv0, float s0, float kv1, float s1) {

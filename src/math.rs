@@ -243,12 +243,25 @@ pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
 /// The numerator and denominator of [`pool2`]: the kernels compute every
 /// dim's terms before the first division (on NVIDIA a division ends in a
 /// branch that would hold back the next dim's exps).
+///
+/// One `exp` per dim is enough. `m` is one of the scores, so the larger
+/// score's difference `s - m` is `±0`, whose weight is exactly 1, or NaN
+/// (`inf - inf`), which makes the numerator and denominator NaN whatever
+/// the other weight. Adding the two differences therefore gives the smaller
+/// score's difference, or NaN where the result is NaN anyway; its `exp` is
+/// that score's weight. With the other weight 1, `kv0 w0 + kv1 w1` is
+/// `kv_lo e + kv_hi` and `w0 + w1` is `1 + e` (the sums are commutative, and
+/// `kv * 1` is `kv`). Only the NaNs' payloads can differ from the two-`exp`
+/// form, and every encoder maps all NaNs to one code.
 #[inline]
 pub fn pool2_terms(kv0: f32, s0: f32, kv1: f32, s1: f32) -> (f32, f32) {
     let m = max_nan_ignoring(s0, s1);
-    let w0 = exp(s0 - m);
-    let w1 = exp(s1 - m);
-    (kv0 * w0 + kv1 * w1, w0 + w1)
+    let d0 = s0 - m;
+    let e = exp(d0 + (s1 - m));
+    // d0 is never -0: a negative sign means s0 < m, the smaller score (or a
+    // NaN, where either order gives NaN).
+    let (kv_lo, kv_hi) = if d0.is_sign_negative() { (kv0, kv1) } else { (kv1, kv0) };
+    (kv_lo * e + kv_hi, 1.0 + e)
 }
 
 /// NVFP4 code of `r` in a tile of scale `s` (`y = f32(1 / s)`, from

@@ -732,3 +732,86 @@ fn rope_nope_pair_is_rope_pair_with_identity() {
         }
     });
 }
+
+/// `math::pool2_terms` runs one `exp` per dim and takes the larger score's
+/// weight (`exp` of `±0` or NaN) by a select. Its numerator and denominator
+/// must have the bits of the two-exp form semantics.md writes, for scores of
+/// every class (zeros, subnormals, the exp range's ends, the largest finite,
+/// infinities, NaNs with payloads) in every pairing, and for twenty million
+/// random pairs, half of them close in value. Two NaNs may differ in payload
+/// (the compiler may fold `kv * 1` to `kv`, keeping a signalling NaN): the
+/// weights themselves are equal, and the pooled value reaches the outputs
+/// only through the BF16 latent, whose encoder maps every NaN to one code.
+#[test]
+fn pool2_terms_with_one_exp_equals_the_two_exp_form() {
+    use dsv4_kvcache::math::{max_nan_ignoring, pool2_terms};
+    fn spec(kv0: f32, s0: f32, kv1: f32, s1: f32) -> (f32, f32) {
+        let m = max_nan_ignoring(s0, s1);
+        let (w0, w1) = (exp(s0 - m), exp(s1 - m));
+        (kv0 * w0 + kv1 * w1, w0 + w1)
+    }
+    let check = |kv0: f32, s0: f32, kv1: f32, s1: f32| {
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        let got = pool2_terms(kv0, s0, kv1, s1);
+        let want = spec(kv0, s0, kv1, s1);
+        assert!(
+            same(got.0, want.0) && same(got.1, want.1),
+            "kv ({kv0:e}, {kv1:e}) scores ({:#010x}, {:#010x}): {got:?} against {want:?}",
+            s0.to_bits(),
+            s1.to_bits()
+        );
+    };
+    let mut scores: Vec<f32> = [
+        0x0000_0000u32,
+        0x8000_0000,
+        0x0000_0001,
+        0x8000_0001,
+        0x0080_0000,
+        0x3f80_0000,
+        0xbf80_0000,
+        0x7f7f_ffff,
+        0xff7f_ffff,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_0000,
+        0xffc0_0001,
+        0x7f80_0001,
+    ]
+    .map(f32::from_bits)
+    .to_vec();
+    // Differences at and around the ends of exp's range and its 2^n steps.
+    for x in [-103.972_08f32, -104.0, -87.336_55, -87.0, 88.722_84, 89.0, -0.5, 3.0] {
+        scores.extend([x, next_up(x), next_down(x)]);
+    }
+    let kvs = [0.0f32, -0.0, 1.5, -3.25e-3, 6.0e37, f32::INFINITY, f32::NAN];
+    for &s0 in &scores {
+        for &s1 in &scores {
+            for &kv0 in &kvs {
+                for &kv1 in &kvs {
+                    check(kv0, s0, kv1, s1);
+                }
+            }
+        }
+    }
+    (0u64..20).into_par_iter().for_each(|chunk| {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (chunk << 40);
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..1_000_000 {
+            let r = next();
+            let s0 = f32::from_bits(r as u32);
+            let s1 = if chunk % 2 == 0 {
+                f32::from_bits((r >> 32) as u32)
+            } else {
+                // A score within about 2^-7 relative of the other.
+                f32::from_bits((r as u32).wrapping_add(((r >> 32) as u32) >> 15))
+            };
+            let kv = next();
+            check(f32::from_bits(kv as u32), s0, f32::from_bits((kv >> 32) as u32), s1);
+        }
+    });
+}
