@@ -21,16 +21,16 @@ KV_DEVICE float kv_copysign(float m, float s) {
     return kv_u2f((kv_f2u(m) & 0x7fffffffu) | (kv_f2u(s) & 0x80000000u));
 }
 
-// e^x: Cody-Waite reduction, degree-7 Taylor by Horner in fma, scaling by 2^n.
-// The same operations as math::exp, straight-line: where math::exp returns
-// early this computes on a harmless stand-in and selects at the end (same
-// values). A lane pools several dims, and their chains overlap only when no
-// branch separates them: measured on the H200, CR2 at decode sizes 10 %
-// faster and 7 % at 65536 tokens in 4 requests. (With a one-exp pooling this
-// spilled AMD scalar registers; with two exps per dim it does not.)
-KV_DEVICE float kv_exp(float x) {
-    bool in_range = x >= -103.97208f && x <= 88.72284f;  // false for NaN
-    float xr = in_range ? x : 0.0f;  // keeps the conversion below defined
+// e^x for x <= 0 or NaN (math::exp_nonpos, the same bits as math::exp
+// there): Cody-Waite reduction, degree-7 Taylor by Horner in fma, scaling by
+// 2^n. Straight-line: where math::exp returns early this computes on a
+// harmless stand-in and selects at the end (same values). A lane pools
+// several dims, and their chains overlap only when no branch separates them:
+// measured on the H200, CR2 at decode sizes 10 % faster and 7 % at 65536
+// tokens in 4 requests.
+KV_DEVICE float kv_exp_nonpos(float x) {
+    bool in_range = x >= -103.97208f;  // false for NaN
+    float xr = in_range ? x : 0.0f;    // keeps the conversion below defined
     float t = xr * KV_LOG2E;
     float n = (t + KV_ROUND_MAGIC) - KV_ROUND_MAGIC;
     float r = kv_fmaf(n, -KV_LN2_HI, xr);
@@ -44,25 +44,20 @@ KV_DEVICE float kv_exp(float x) {
     p = kv_fmaf(p, r, 1.0f);
     p = kv_fmaf(p, r, 1.0f);
     int ni = (int)n;
-    // 2^n in two exact steps when it leaves the normal range (a subnormal
-    // result is then rounded once); in range the second factor is 1, exact.
+    // 2^n in two exact steps below the normal range (a subnormal result is
+    // then rounded once); 2^n <= 1 here.
     bool lo = ni < -126;
-    bool hi = ni > 127;
-    int e1 = lo ? ni + 100 : (hi ? ni - 1 : ni);
-    float m2 = lo ? kv_pow2(-100) : (hi ? 2.0f : 1.0f);
+    int e1 = lo ? ni + 100 : ni;
+    float m2 = lo ? kv_pow2(-100) : 1.0f;
     float y = (p * kv_pow2(e1)) * m2;
-    // Outside the range: +inf above, +0 below, the quiet NaN for a NaN; as
-    // integer selects on the bits (float compares here became branches).
-    uint32_t xb = kv_f2u(x);
-    uint32_t ob = (xb >> 31) != 0u ? 0u : 0x7f800000u;
-    ob = (xb & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : ob;
+    // Below the range +0, the quiet NaN for a NaN; an integer select on the
+    // bits (float compares here became branches).
+    uint32_t ob = (kv_f2u(x) & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : 0u;
     return in_range ? y : kv_u2f(ob);
 }
 
-// max/min ignoring a NaN operand (NVIDIA max.f32/min.f32).
-// Written as one select each: b when b beats a or a is NaN, else a (the same
-// result as math::max_nan_ignoring case by case, ties included).
-KV_DEVICE float kv_max_nan_ignoring(float a, float b) { return (b > a || a != a) ? b : a; }
+// min ignoring a NaN operand (NVIDIA min.f32), as one select: b when b is
+// below a or a is NaN, else a (math::min_nan_ignoring case by case).
 KV_DEVICE float kv_min_nan_ignoring(float a, float b) { return (b < a || a != a) ? b : a; }
 
 // The FP8 clamp (math::clamp_e4m3, copysign(min(|v|, 448), v), NaN -> +448)
@@ -108,16 +103,16 @@ KV_DEVICE float kv_block_scale_multiplier(bool finite, int e) {
 
 // Softmax pooling of two rows' values for one dim: the numerator and the
 // denominator, then their quotient.
-// One kv_exp per dim: the larger score's difference is +-0 (weight 1) or
-// NaN (everything NaN), so the sum of the two differences is the smaller
-// score's, whose weight e is the only exp (see math::pool2_terms). The sign
-// of d0 says whether s0 is the smaller score; the values are picked with
-// bit masks, not a select, whose per-dim lane masks would live in SGPR pairs
-// on AMD (gfx942's fused CR2 kernels reached 106 SGPRs and spilled).
+// One exp per dim: the larger score's difference is +-0 (weight 1) or NaN
+// (everything NaN), so the sum of the two differences is the smaller score's,
+// whose weight e is the only exp; a plain max does (see math::pool2_terms).
+// The sign of d0 says whether s0 is the smaller score; the values are picked
+// with bit masks, not a select, whose per-dim lane masks would live in SGPR
+// pairs on AMD (gfx942's fused CR2 kernels reached 106 SGPRs and spilled).
 KV_DEVICE void kv_pool2_terms(float kv0, float s0, float kv1, float s1, float* num, float* den) {
-    float m = kv_max_nan_ignoring(s0, s1);
+    float m = s0 > s1 ? s0 : s1;
     float d0 = s0 - m;
-    float e = kv_exp(d0 + (s1 - m));
+    float e = kv_exp_nonpos(d0 + (s1 - m));
     uint32_t lo = (uint32_t)((int32_t)kv_f2u(d0) >> 31);  // all ones if d0 < 0
     float kv_lo = kv_u2f((kv_f2u(kv0) & lo) | (kv_f2u(kv1) & ~lo));
     float kv_hi = kv_u2f((kv_f2u(kv1) & lo) | (kv_f2u(kv0) & ~lo));

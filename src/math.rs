@@ -28,9 +28,9 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// then a degree-7 Taylor polynomial on `|r| <= ln2 / 2` by Horner's rule in
 /// `fma`, then scaling by `2^n` (in two steps below 2^-126 so that a subnormal
 /// result is rounded once). Within 2 ulp of `exp` (tested against f64); NaN
-/// in gives the canonical NaN out. The kernels' `kv_exp` runs the same
-/// operations without the early returns (selecting at the end), which gives
-/// the same values and lets a lane's several dims overlap.
+/// in gives the canonical NaN out. The pooling needs it only for `x <= 0`
+/// and NaN, where [`exp_nonpos`] (the kernels' `kv_exp_nonpos`) gives the
+/// same bits.
 #[inline]
 pub fn exp(x: f32) -> f32 {
     if x.is_nan() {
@@ -63,6 +63,46 @@ pub fn exp(x: f32) -> f32 {
         (p * pow2(n - 1)) * 2.0
     } else {
         p * pow2(n)
+    }
+}
+
+/// [`exp`] for `x <= 0` or NaN, the argument of the pooling's one `exp`
+/// ([`pool2_terms`]), with the same bits (tests/formats_exhaustive.rs runs
+/// every such f32): the same operations without the overflow cases, and
+/// without early returns, as the kernels run it (a lane pools several dims,
+/// and their chains overlap only when no branch separates them).
+#[inline]
+pub fn exp_nonpos(x: f32) -> f32 {
+    let in_range = x >= -103.972_08; // false for NaN
+    let xr = if in_range { x } else { 0.0 };
+    let t = xr * LOG2E;
+    let n = (t + ROUND_MAGIC) - ROUND_MAGIC;
+    let r = n.mul_add(-LN2_HI, xr);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut p = f32::from_bits(0x3950_0d01); // 1/5040
+    p = p.mul_add(r, f32::from_bits(0x3ab6_0b61)); // 1/720
+    p = p.mul_add(r, f32::from_bits(0x3c08_8889)); // 1/120
+    p = p.mul_add(r, f32::from_bits(0x3d2a_aaab)); // 1/24
+    p = p.mul_add(r, f32::from_bits(0x3e2a_aaab)); // 1/6
+    p = p.mul_add(r, 0.5);
+    p = p.mul_add(r, 1.0);
+    p = p.mul_add(r, 1.0);
+    let ni = n as i32;
+    // 2^n in two exact steps below the normal range; 2^n <= 1 here.
+    let lo = ni < -126;
+    let e1 = if lo { ni + 100 } else { ni };
+    let m2 = if lo { pow2(-100) } else { 1.0 };
+    let y = (p * pow2(e1)) * m2;
+    // Below the range +0, the quiet NaN for a NaN.
+    let ob = if (x.to_bits() & 0x7fff_ffff) > 0x7f80_0000 {
+        0x7fc0_0000
+    } else {
+        0
+    };
+    if in_range {
+        y
+    } else {
+        f32::from_bits(ob)
     }
 }
 
@@ -244,23 +284,29 @@ pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
 /// dim's terms before the first division (on NVIDIA a division ends in a
 /// branch that would hold back the next dim's exps).
 ///
-/// One `exp` per dim is enough. `m` is one of the scores, so the larger
-/// score's difference `s - m` is `±0`, whose weight is exactly 1, or NaN
-/// (`inf - inf`), which makes the numerator and denominator NaN whatever
-/// the other weight. Adding the two differences therefore gives the smaller
-/// score's difference, or NaN where the result is NaN anyway; its `exp` is
-/// that score's weight. With the other weight 1, `kv0 w0 + kv1 w1` is
-/// `kv_lo e + kv_hi` and `w0 + w1` is `1 + e` (the sums are commutative, and
-/// `kv * 1` is `kv`). Only the NaNs' payloads can differ from the two-`exp`
-/// form, and every encoder maps all NaNs to one code.
+/// One `exp` per dim is enough. With `m` the larger score, its difference
+/// `s - m` is `±0`, whose weight is exactly 1, or NaN (`inf - inf`), which
+/// makes the numerator and denominator NaN whatever the other weight. Adding
+/// the two differences therefore gives the smaller score's difference (`<= 0`,
+/// or NaN where the result is NaN anyway), and its `exp` is that score's
+/// weight `e`. With the other weight 1, `kv0 w0 + kv1 w1` is `kv_lo e + kv_hi`
+/// and `w0 + w1` is `1 + e` (the sums are commutative, and `kv * 1` is `kv`).
+/// A NaN score makes both terms NaN whichever way `m` treats it, and two equal
+/// scores give `e = 1` and `kv0 + kv1` whichever is called the smaller; so a
+/// plain `max` does. Only NaN payloads can differ from the two-`exp` form, and
+/// every encoder maps all NaNs to one code.
 #[inline]
 pub fn pool2_terms(kv0: f32, s0: f32, kv1: f32, s1: f32) -> (f32, f32) {
-    let m = max_nan_ignoring(s0, s1);
+    let m = if s0 > s1 { s0 } else { s1 };
     let d0 = s0 - m;
-    let e = exp(d0 + (s1 - m));
-    // d0 is never -0: a negative sign means s0 < m, the smaller score (or a
-    // NaN, where either order gives NaN).
-    let (kv_lo, kv_hi) = if d0.is_sign_negative() { (kv0, kv1) } else { (kv1, kv0) };
+    let e = exp_nonpos(d0 + (s1 - m));
+    // A negative sign of d0 means s0 < m: s0 is the smaller score (or d0 is
+    // -0 or NaN, where either order gives the same terms).
+    let (kv_lo, kv_hi) = if d0.is_sign_negative() {
+        (kv0, kv1)
+    } else {
+        (kv1, kv0)
+    };
     (kv_lo * e + kv_hi, 1.0 + e)
 }
 

@@ -10,7 +10,7 @@ use dsv4_kvcache::formats::{
     bf16_from_f32, bf16_to_f32, e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, e4m3_to_f32,
     ue8m0_to_f32,
 };
-use dsv4_kvcache::math::{block_scale_exponent, exp};
+use dsv4_kvcache::math::{block_scale_exponent, exp, exp_nonpos};
 use float8::F8E4M3;
 use half::bf16;
 use rayon::prelude::*;
@@ -571,6 +571,24 @@ fn exp_max_ulp_error_over_the_pooling_range() {
     assert_eq!(exp(-f32::NAN).to_bits(), 0x7fc0_0000);
 }
 
+/// `math::exp_nonpos` (the kernels' `kv_exp_nonpos`) has the bits of
+/// `math::exp` on its whole domain: every f32 with the sign bit set (the
+/// negative numbers, -0, -inf and the negative NaNs), +0 and every positive
+/// NaN.
+#[test]
+fn exp_nonpos_is_exp_on_every_nonpositive_f32_and_nan() {
+    let bad = find_bits(0x8000_0000, 0x1_0000_0000, |b| {
+        let x = f32::from_bits(b);
+        exp_nonpos(x).to_bits() != exp(x).to_bits()
+    })
+    .or(find_bits(0x7f80_0001, 0x8000_0000, |b| {
+        let x = f32::from_bits(b);
+        exp_nonpos(x).to_bits() != exp(x).to_bits()
+    }));
+    assert_eq!(bad, None, "first differing input bits");
+    assert_eq!(exp_nonpos(0.0).to_bits(), 1.0f32.to_bits());
+}
+
 // ---- block scale exponent --------------------------------------------------------------
 
 /// For every f32 exponent (normal numbers: the argument is
@@ -780,7 +798,16 @@ fn pool2_terms_with_one_exp_equals_the_two_exp_form() {
     .map(f32::from_bits)
     .to_vec();
     // Differences at and around the ends of exp's range and its 2^n steps.
-    for x in [-103.972_08f32, -104.0, -87.336_55, -87.0, 88.722_84, 89.0, -0.5, 3.0] {
+    for x in [
+        -103.972_08f32,
+        -104.0,
+        -87.336_55,
+        -87.0,
+        88.722_84,
+        89.0,
+        -0.5,
+        3.0,
+    ] {
         scores.extend([x, next_up(x), next_down(x)]);
     }
     let kvs = [0.0f32, -0.0, 1.5, -3.25e-3, 6.0e37, f32::INFINITY, f32::NAN];
@@ -811,7 +838,12 @@ fn pool2_terms_with_one_exp_equals_the_two_exp_form() {
                 f32::from_bits((r as u32).wrapping_add(((r >> 32) as u32) >> 15))
             };
             let kv = next();
-            check(f32::from_bits(kv as u32), s0, f32::from_bits((kv >> 32) as u32), s1);
+            check(
+                f32::from_bits(kv as u32),
+                s0,
+                f32::from_bits((kv >> 32) as u32),
+                s1,
+            );
         }
     });
 }
