@@ -640,8 +640,14 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
 // KV_CR2_TEAM-th part of lane l's 16 dims, the pooled values meet in shared
 // memory, and group 0 norms and emits them exactly as a lone group does (the
 // sum order of the norm is unchanged). TEAM = 1 is the lone group.
+//
+// Mid-sized decode batches (thousands of one-token requests) run pairs of
+// groups instead: a block of 64 threads, one AMD wavefront, with half the
+// idle lanes of a team of four while group 0 norms and emits, so more items
+// run at once (see kernel_abi::cr2_item_shape for the measured ranges).
 
 #define KV_CR2_TEAM 4
+#define KV_CR2_PAIR 2
 
 // A lane's part (N = 16 / TEAM dims) of the kv and score halves of a row.
 template <int N>
@@ -849,18 +855,18 @@ KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins,
     }
 }
 
-// One CR2 item per block of KV_CR2_TEAM groups (see "CR2 items, alone or in
+// One CR2 item per block of TEAM groups (see "CR2 items, alone or in
 // teams"). Every lane of the block handles the same item, so the control flow
 // up to the team's barrier is the same for all of them.
-template <bool FUSED, int LAYOUT>
+template <bool FUSED, int LAYOUT, int TEAM>
 KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
     KV_SHARED float pooled[512];
     int64_t item = kv_bid();
     KvTeamLane tl = {kv_tid() / KV_GROUP_LANES, kv_lane()};
     if (item < c.num_reqs) {
-        kv_cr2_request_item<FUSED, LAYOUT, KV_CR2_TEAM>(c, ins, item, tl, pooled);
+        kv_cr2_request_item<FUSED, LAYOUT, TEAM>(c, ins, item, tl, pooled);
     } else if (item - c.num_reqs < c.n) {
-        kv_cr2_token_item<FUSED, LAYOUT, KV_CR2_TEAM>(c, ins, item - c.num_reqs, tl, pooled);
+        kv_cr2_token_item<FUSED, LAYOUT, TEAM>(c, ins, item - c.num_reqs, tl, pooled);
     }
 }
 
@@ -875,7 +881,12 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2(const KvCompre
 }
 
 KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void kv_compress_cr2_team(const KvCompressParams c) {
-    kv_compress_cr2_team<false, 0>(c, 0);
+    kv_compress_cr2_team<false, 0, KV_CR2_TEAM>(c, 0);
+}
+
+// Pairs take 54-70 registers uncapped, which leaves 14-18 blocks of 64 per SM.
+KV_KERNEL KV_LAUNCH_BOUNDS(KV_CR2_PAIR * 32) void kv_compress_cr2_pair(const KvCompressParams c) {
+    kv_compress_cr2_team<false, 0, KV_CR2_PAIR>(c, 0);
 }
 
 KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRingRowsParams p) {
@@ -964,7 +975,11 @@ KV_FUSED_KERNEL(kv_fused_cr2_fp8, 2, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_2)
 
 #define KV_FUSED_TEAM_KERNEL(name, LAYOUT)                                          \
     KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void name(const KvFusedParams p) { \
-        kv_compress_cr2_team<true, LAYOUT>(p.c, &p.i);                              \
+        kv_compress_cr2_team<true, LAYOUT, KV_CR2_TEAM>(p.c, &p.i);                 \
+    }
+#define KV_FUSED_PAIR_KERNEL(name, LAYOUT)                                        \
+    KV_KERNEL KV_LAUNCH_BOUNDS(KV_CR2_PAIR * 32) void name(const KvFusedParams p) { \
+        kv_compress_cr2_team<true, LAYOUT, KV_CR2_PAIR>(p.c, &p.i);               \
     }
 
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_v4, KV_LAYOUT_V4)
@@ -972,3 +987,9 @@ KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mxfp8, KV_LAYOUT_MXFP8)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_nvfp4, KV_LAYOUT_NVFP4)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_bf16, KV_LAYOUT_BF16)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_fp8, KV_LAYOUT_FP8)
+
+KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_v4, KV_LAYOUT_V4)
+KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_mxfp8, KV_LAYOUT_MXFP8)
+KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_nvfp4, KV_LAYOUT_NVFP4)
+KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_bf16, KV_LAYOUT_BF16)
+KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_fp8, KV_LAYOUT_FP8)

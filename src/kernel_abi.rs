@@ -59,6 +59,12 @@ pub const KERNEL_NAMES: &[&str] = &[
     "kv_insert_nvfp4_tiles",
     "kv_insert_bf16_tiles",
     "kv_insert_fp8_tiles",
+    "kv_compress_cr2_pair",
+    "kv_fused_cr2_pair_v4",
+    "kv_fused_cr2_pair_mxfp8",
+    "kv_fused_cr2_pair_nvfp4",
+    "kv_fused_cr2_pair_bf16",
+    "kv_fused_cr2_pair_fp8",
 ];
 
 /// The insert kernel for a layout.
@@ -99,6 +105,12 @@ pub fn fused_kernel(compress_ratio: u32, layout: RecordLayout) -> &'static str {
 /// [`CR2_TEAM_GROUPS`] groups.
 pub fn fused_team_kernel(layout: RecordLayout) -> &'static str {
     KERNEL_NAMES[19 + layout_index(layout)]
+}
+
+/// The fused CR2 kernel that gives each item a pair of groups
+/// ([`CR2_PAIR_GROUPS`]).
+pub fn fused_pair_kernel(layout: RecordLayout) -> &'static str {
+    KERNEL_NAMES[28 + layout_index(layout)]
 }
 
 fn layout_index(layout: RecordLayout) -> usize {
@@ -500,43 +512,83 @@ fn forced_switch(cell: &'static OnceLock<Option<bool>>, var: &str) -> Option<boo
 /// Groups in a CR2 team: one block handles one item, each lane pooling a
 /// quarter of its 16 dims (the kernels' `KV_CR2_TEAM`).
 pub const CR2_TEAM_GROUPS: u32 = 4;
-/// CR2 launches of at most this many items (requests plus tokens) use teams
-/// when at least half their tokens start a chunk (decode batches): there the
-/// request items carry the work, and a lone group's request item (the ring
-/// row, the pooling, the ring store) is the slowest. H200 at `4a85862`, one-token
-/// requests: teams 16.0 µs against 18.8 at 4096 tokens, a tie at 8192
-/// (33.9 / 33.3), 66.8 against 56.7 at 16384.
-pub const CR2_TEAM_MAX_ITEMS: u64 = 16384;
-/// The limit for launches of long chunks (prefill), where the token items
-/// carry the work: a team needs four warps per item, and once the teams
-/// outnumber what the GPU runs at once, lone groups win. H200 at `4a85862`,
-/// 4 requests: teams 2.47 µs against 3.35 at 16 tokens, a tie at 1024
-/// (4.25 / 4.13), 5.36 against 4.33 at 2048, 14.67 against 12.51 at 8192.
+/// Groups in a CR2 pair, the mid-sized team (the kernels' `KV_CR2_PAIR`):
+/// a block of 64 threads, one AMD wavefront.
+pub const CR2_PAIR_GROUPS: u32 = 2;
+/// Decode batches (at least half the tokens start a chunk, so the request
+/// items carry the work, and a lone group's request item is the slowest) of
+/// at most this many items (requests plus tokens) run in teams of four.
+/// H200 at `0a44401`, one-token requests, teams / pairs / lone groups:
+/// 8.54 / 10.32 / 11.30 µs at 2048 tokens, 15.67 / 15.88 / 18.37 at 4096.
+pub const CR2_TEAM_MAX_ITEMS: u64 = 8192;
+/// Decode batches up to this many items run in pairs, above it in lone
+/// groups. H200 at `0a44401`, one-token requests, teams / pairs / lone:
+/// 32.95 / 29.89 / 33.37 µs at 8192 tokens (fused NVFP4 35.49 / 32.63 /
+/// 35.33), 64.75 / 56.55 / 58.59 at 16384 (fused NVFP4 70.31 / 63.05 /
+/// 62.40, BF16 68.61 / 61.85 / 62.42), 128.89 / 110.17 / 111.84 at 32768
+/// (fused NVFP4 139.69 / 123.96 / 116.74).
+pub const CR2_PAIR_MAX_ITEMS: u64 = 32768;
+/// The team limit for launches of long chunks (prefill), where the token
+/// items carry the work: a team needs four warps per item, and once the
+/// teams outnumber what the GPU runs at once, lone groups win. H200 at
+/// `4a85862`, 4 requests: teams 2.47 µs against 3.35 at 16 tokens, a tie at
+/// 1024 (4.25 / 4.13), 5.36 against 4.33 at 2048, 14.67 against 12.51 at
+/// 8192. Pairs do not pay there: at `0a44401`, 4 requests of 2048 tokens,
+/// 5.99 µs against 4.39 lone; fused NVFP4 slower at every size to 32768.
 pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
 
-/// Whether a CR2 launch of `n` tokens in `num_reqs` requests uses the team
-/// kernels: at decode sizes a lone group's pooling chain is most of the
-/// kernel time, and a team splits it four ways; large launches have items
-/// enough to hide it (see [`CR2_TEAM_MAX_ITEMS`] and
-/// [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]). The environment variable
-/// `DSV4_KVCACHE_CR2_TEAMS` (0 or 1) forces the choice, for benchmarking.
-pub fn cr2_uses_teams(n: u64, num_reqs: u64) -> bool {
-    static FORCED: OnceLock<Option<bool>> = OnceLock::new();
-    let forced = forced_switch(&FORCED, "DSV4_KVCACHE_CR2_TEAMS");
-    let limit = if 2 * num_reqs >= n {
-        CR2_TEAM_MAX_ITEMS
-    } else {
-        CR2_TEAM_MAX_ITEMS_LONG_CHUNKS
-    };
-    forced.unwrap_or(n + num_reqs <= limit)
+/// How a CR2 launch spreads an item (a request's first group, or a token's)
+/// over the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cr2Items {
+    /// One group (32 lanes, 16 dims each) per item.
+    Lone,
+    /// A block of [`CR2_PAIR_GROUPS`] groups per item.
+    Pairs,
+    /// A block of [`CR2_TEAM_GROUPS`] groups per item.
+    Teams,
 }
 
-/// Shape of a team launch: one block of [`CR2_TEAM_GROUPS`] groups per item.
-pub fn team_geometry(items: u64) -> Geometry {
+/// The item shape of a CR2 launch of `n` tokens in `num_reqs` requests. At
+/// decode sizes a lone group's pooling chain is most of the kernel time,
+/// and a team splits it four ways; mid-sized decode batches run pairs, which
+/// leave fewer lanes idle while group 0 norms and emits; large launches have
+/// items enough to hide the chain (see [`CR2_TEAM_MAX_ITEMS`],
+/// [`CR2_PAIR_MAX_ITEMS`] and [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]). The
+/// environment variable `DSV4_KVCACHE_CR2_TEAMS` forces the choice, for
+/// testing and benchmarking: `0` lone groups, `1` teams, `2` pairs.
+pub fn cr2_item_shape(n: u64, num_reqs: u64) -> Cr2Items {
+    static FORCED: OnceLock<Option<Cr2Items>> = OnceLock::new();
+    let forced = *FORCED.get_or_init(
+        || match std::env::var("DSV4_KVCACHE_CR2_TEAMS").as_deref() {
+            Ok("0") => Some(Cr2Items::Lone),
+            Ok("1") => Some(Cr2Items::Teams),
+            Ok("2") => Some(Cr2Items::Pairs),
+            _ => None,
+        },
+    );
+    let items = n + num_reqs;
+    forced.unwrap_or(if 2 * num_reqs >= n {
+        if items <= CR2_TEAM_MAX_ITEMS {
+            Cr2Items::Teams
+        } else if items <= CR2_PAIR_MAX_ITEMS {
+            Cr2Items::Pairs
+        } else {
+            Cr2Items::Lone
+        }
+    } else if items <= CR2_TEAM_MAX_ITEMS_LONG_CHUNKS {
+        Cr2Items::Teams
+    } else {
+        Cr2Items::Lone
+    })
+}
+
+/// Shape of a team launch: one block of `groups` groups per item.
+pub fn team_geometry(items: u64, groups: u32) -> Geometry {
     Geometry {
         grid: items.max(1) as u32,
-        block_threads: GROUP_LANES * CR2_TEAM_GROUPS,
-        groups_log2: CR2_TEAM_GROUPS.trailing_zeros(),
+        block_threads: GROUP_LANES * groups,
+        groups_log2: groups.trailing_zeros(),
     }
 }
 
@@ -589,35 +641,54 @@ pub fn ring_rows_launch(p: &RingRowsPlan) -> Launch {
     }
 }
 
-/// The launch of a compress plan's items: CR2 in teams at decode sizes
-/// (`team_kernel`), otherwise `kernel` with the usual geometry.
-fn compressor_launch(p: &CompressPlan, kernel: &'static str, team_kernel: &'static str) -> Launch {
+/// The launch of a compress plan's items: `lone` with the usual geometry,
+/// or for CR2 `team` or `pair` by [`cr2_item_shape`].
+fn compressor_launch(
+    p: &CompressPlan,
+    lone: &'static str,
+    team: &'static str,
+    pair: &'static str,
+) -> Launch {
     let items = compress_items(p);
-    if p.compress_ratio == 2 && cr2_uses_teams(p.n as u64, p.num_reqs() as u64) {
-        Launch {
-            kernel: team_kernel,
-            geometry: team_geometry(items),
-        }
+    let shape = if p.compress_ratio == 2 {
+        cr2_item_shape(p.n as u64, p.num_reqs() as u64)
     } else {
-        Launch {
-            kernel,
+        Cr2Items::Lone
+    };
+    match shape {
+        Cr2Items::Lone => Launch {
+            kernel: lone,
             geometry: geometry(items),
-        }
+        },
+        Cr2Items::Teams => Launch {
+            kernel: team,
+            geometry: team_geometry(items, CR2_TEAM_GROUPS),
+        },
+        Cr2Items::Pairs => Launch {
+            kernel: pair,
+            geometry: team_geometry(items, CR2_PAIR_GROUPS),
+        },
     }
 }
 
-/// The launch of a compress plan (CR2 in teams at decode sizes).
+/// The launch of a compress plan (CR2 in teams or pairs at decode sizes).
 pub fn compress_launch(p: &CompressPlan) -> Launch {
-    compressor_launch(p, compress_kernel(p.compress_ratio), "kv_compress_cr2_team")
+    compressor_launch(
+        p,
+        compress_kernel(p.compress_ratio),
+        "kv_compress_cr2_team",
+        "kv_compress_cr2_pair",
+    )
 }
 
-/// The launch of a fused plan (CR2 in teams at decode sizes).
+/// The launch of a fused plan (CR2 in teams or pairs at decode sizes).
 pub fn fused_launch(p: &FusedPlan) -> Launch {
     let layout = p.insert.cache.layout;
     compressor_launch(
         &p.compress,
         fused_kernel(p.compress.compress_ratio, layout),
         fused_team_kernel(layout),
+        fused_pair_kernel(layout),
     )
 }
 
@@ -691,17 +762,17 @@ mod tests {
             assert!(fused_kernel(1, l).starts_with("kv_fused_cr1_"));
             assert!(fused_kernel(2, l).starts_with("kv_fused_cr2_"));
             assert!(fused_kernel(2, l).ends_with(insert_kernel(l).trim_start_matches("kv_insert_")));
+            let suffix = insert_kernel(l).trim_start_matches("kv_insert_");
             assert!(KERNEL_NAMES.contains(&fused_team_kernel(l)));
-            assert!(fused_team_kernel(l).starts_with("kv_fused_cr2_team_"));
-            assert!(
-                fused_team_kernel(l).ends_with(insert_kernel(l).trim_start_matches("kv_insert_"))
-            );
+            assert_eq!(fused_team_kernel(l), format!("kv_fused_cr2_team_{suffix}"));
+            assert!(KERNEL_NAMES.contains(&fused_pair_kernel(l)));
+            assert_eq!(fused_pair_kernel(l), format!("kv_fused_cr2_pair_{suffix}"));
             if let Some(k) = insert_tiles_kernel(l) {
                 assert!(KERNEL_NAMES.contains(&k));
                 assert_eq!(k, format!("{}_tiles", insert_kernel(l)));
             }
         }
-        assert_eq!(KERNEL_NAMES.len(), 27);
+        assert_eq!(KERNEL_NAMES.len(), 33);
         let mut names = KERNEL_NAMES.to_vec();
         names.sort_unstable();
         names.dedup();
@@ -722,6 +793,7 @@ mod tests {
     #[test]
     fn host_and_kernel_constants_agree() {
         assert_eq!(kernel_define("KV_CR2_TEAM"), CR2_TEAM_GROUPS as u64);
+        assert_eq!(kernel_define("KV_CR2_PAIR"), CR2_PAIR_GROUPS as u64);
         assert_eq!(kernel_define("KV_BLOCK_THREADS"), BLOCK_THREADS as u64);
         assert_eq!(kernel_define("KV_GROUP_LANES"), GROUP_LANES as u64);
         assert_eq!(
@@ -771,32 +843,37 @@ mod tests {
 
     #[test]
     fn team_launches_are_one_block_of_whole_wavefronts_per_item() {
-        for items in [1u64, 2, 33, CR2_TEAM_MAX_ITEMS] {
-            let g = team_geometry(items);
-            assert_eq!(g.grid as u64, items);
-            assert_eq!(g.block_threads, GROUP_LANES * CR2_TEAM_GROUPS);
-            assert_eq!(g.block_threads % 64, 0);
-            assert!(g.block_threads <= BLOCK_THREADS);
+        for groups in [CR2_TEAM_GROUPS, CR2_PAIR_GROUPS] {
+            for items in [1u64, 2, 33, CR2_PAIR_MAX_ITEMS] {
+                let g = team_geometry(items, groups);
+                assert_eq!(g.grid as u64, items);
+                assert_eq!(g.block_threads, GROUP_LANES * groups);
+                assert_eq!(1u32 << g.groups_log2, groups);
+                assert_eq!(g.block_threads % 64, 0);
+                assert!(g.block_threads <= BLOCK_THREADS);
+            }
         }
-        if std::env::var_os("DSV4_KVCACHE_CR2_TEAMS").is_none() {
-            // Decode batches: one-token requests.
-            assert!(cr2_uses_teams(1, 1));
-            assert!(cr2_uses_teams(
-                CR2_TEAM_MAX_ITEMS / 2,
-                CR2_TEAM_MAX_ITEMS / 2
-            ));
-            assert!(!cr2_uses_teams(
-                CR2_TEAM_MAX_ITEMS / 2 + 1,
-                CR2_TEAM_MAX_ITEMS / 2 + 1
-            ));
-            // Half the tokens start a chunk: still a decode batch.
-            assert!(cr2_uses_teams(4000, 2000));
-            // Long chunks.
-            assert!(cr2_uses_teams(1020, 4));
-            assert!(!cr2_uses_teams(1021, 4));
-            assert!(!cr2_uses_teams(4000, 1999));
-            assert!(cr2_uses_teams(16, 4));
+        if std::env::var_os("DSV4_KVCACHE_CR2_TEAMS").is_some() {
+            eprintln!("DSV4_KVCACHE_CR2_TEAMS is set: the default choice is not checked");
+            return;
         }
+        use Cr2Items::*;
+        // Decode batches of one-token requests: teams, pairs, lone groups.
+        let one_token = |t: u64| cr2_item_shape(t, t);
+        assert_eq!(one_token(1), Teams);
+        assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2), Teams);
+        assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2 + 1), Pairs);
+        assert_eq!(one_token(CR2_PAIR_MAX_ITEMS / 2), Pairs);
+        assert_eq!(one_token(CR2_PAIR_MAX_ITEMS / 2 + 1), Lone);
+        // Half the tokens start a chunk: still a decode batch.
+        assert_eq!(cr2_item_shape(4000, 2000), Teams);
+        assert_eq!(cr2_item_shape(8000, 4000), Pairs);
+        // Long chunks: teams up to their limit, then lone groups, never pairs.
+        assert_eq!(cr2_item_shape(16, 4), Teams);
+        assert_eq!(cr2_item_shape(1020, 4), Teams);
+        assert_eq!(cr2_item_shape(1021, 4), Lone);
+        assert_eq!(cr2_item_shape(4000, 1999), Lone);
+        assert_eq!(cr2_item_shape(16384, 4), Lone);
     }
 
     #[test]

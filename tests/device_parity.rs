@@ -12,10 +12,11 @@
 //! (default 8: 336 kinds x 4 mixes x 8 = 10,752 random cases).
 //!
 //! The cases are decode-sized, so CR2 runs on the team kernels
-//! (`kernel_abi::cr2_uses_teams`) and CR1 inserts a token per group
+//! (`kernel_abi::cr2_item_shape`) and CR1 inserts a token per group
 //! (`kernel_abi::insert_uses_tiles`); run again with
-//! `DSV4_KVCACHE_CR2_TEAMS=0` and with `DSV4_KVCACHE_INSERT_TILES=1` to check
-//! the kernels that large launches use (the line printed says which ran).
+//! `DSV4_KVCACHE_CR2_TEAMS=0` (lone groups), `DSV4_KVCACHE_CR2_TEAMS=2`
+//! (pairs) and with `DSV4_KVCACHE_INSERT_TILES=1` to check the kernels that
+//! larger launches use (the line printed says which ran).
 
 // Built without both GPU features, the device paths below are compiled out.
 #![cfg_attr(
@@ -109,10 +110,10 @@ fn check_backend<B: Backend>(dev: &mut B) {
         dev.name(),
         all.len(),
         bad.len(),
-        if dsv4_kvcache::kernel_abi::cr2_uses_teams(1, 1) {
-            "teams"
-        } else {
-            "one group per item"
+        match dsv4_kvcache::kernel_abi::cr2_item_shape(1, 1) {
+            dsv4_kvcache::kernel_abi::Cr2Items::Teams => "teams",
+            dsv4_kvcache::kernel_abi::Cr2Items::Pairs => "pairs",
+            dsv4_kvcache::kernel_abi::Cr2Items::Lone => "one group per item",
         },
         if dsv4_kvcache::kernel_abi::insert_uses_tiles(1, 1) {
             "tile-major where the layout has it"
