@@ -42,6 +42,22 @@ pub fn exp(x: f32) -> f32 {
     if x < -103.972_08 {
         return 0.0;
     }
+    let (p, n) = exp_reduced(x);
+    // 2^n in two exact steps when it leaves the normal range (a subnormal
+    // result is then rounded once).
+    if n < -126 {
+        (p * pow2(n + 100)) * pow2(-100)
+    } else if n > 127 {
+        (p * pow2(n - 1)) * 2.0
+    } else {
+        p * pow2(n)
+    }
+}
+
+/// `e^x = p 2^n` for `x` in exp's range: the Cody–Waite reduction and the
+/// polynomial of [`exp`] (the kernels write it out in `kv_exp_nonpos`).
+#[inline]
+fn exp_reduced(x: f32) -> (f32, i32) {
     let t = x * LOG2E;
     let n = (t + ROUND_MAGIC) - ROUND_MAGIC;
     let r = n.mul_add(-LN2_HI, x);
@@ -54,16 +70,7 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 0.5);
     p = p.mul_add(r, 1.0);
     p = p.mul_add(r, 1.0);
-    let n = n as i32;
-    // 2^n in two exact steps when it leaves the normal range (a subnormal
-    // result is then rounded once).
-    if n < -126 {
-        (p * pow2(n + 100)) * pow2(-100)
-    } else if n > 127 {
-        (p * pow2(n - 1)) * 2.0
-    } else {
-        p * pow2(n)
-    }
+    (p, n as i32)
 }
 
 /// [`exp`] for `x <= 0` or NaN, the argument of the pooling's one `exp`
@@ -75,19 +82,7 @@ pub fn exp(x: f32) -> f32 {
 pub fn exp_nonpos(x: f32) -> f32 {
     let in_range = x >= -103.972_08; // false for NaN
     let xr = if in_range { x } else { 0.0 };
-    let t = xr * LOG2E;
-    let n = (t + ROUND_MAGIC) - ROUND_MAGIC;
-    let r = n.mul_add(-LN2_HI, xr);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut p = f32::from_bits(0x3950_0d01); // 1/5040
-    p = p.mul_add(r, f32::from_bits(0x3ab6_0b61)); // 1/720
-    p = p.mul_add(r, f32::from_bits(0x3c08_8889)); // 1/120
-    p = p.mul_add(r, f32::from_bits(0x3d2a_aaab)); // 1/24
-    p = p.mul_add(r, f32::from_bits(0x3e2a_aaab)); // 1/6
-    p = p.mul_add(r, 0.5);
-    p = p.mul_add(r, 1.0);
-    p = p.mul_add(r, 1.0);
-    let ni = n as i32;
+    let (p, ni) = exp_reduced(xr);
     // 2^n in two exact steps below the normal range; 2^n <= 1 here.
     let lo = ni < -126;
     let e1 = if lo { ni + 100 } else { ni };
