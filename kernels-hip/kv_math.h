@@ -102,8 +102,8 @@ KV_DEVICE float kv_block_scale_multiplier(bool finite, int e) {
 }
 
 // Softmax pooling of two rows' values for one dim: the numerator and the
-// denominator, then their quotient.
-// One exp per dim: the larger score's difference is +-0 (weight 1) or NaN
+// denominator (math::pool2_terms; the kernels divide in kv_pool_norm_emit,
+// after every dim's terms, as math::pool2 does per dim). One exp per dim: the larger score's difference is +-0 (weight 1) or NaN
 // (everything NaN), so the sum of the two differences is the smaller score's,
 // whose weight e is the only exp; a plain max does (see math::pool2_terms).
 // The sign of d0 says whether s0 is the smaller score; the values are picked
@@ -118,12 +118,6 @@ KV_DEVICE void kv_pool2_terms(float kv0, float s0, float kv1, float s1, float* n
     float kv_hi = kv_u2f((kv_f2u(kv1) & lo) | (kv_f2u(kv0) & ~lo));
     *num = kv_lo * e + kv_hi;
     *den = 1.0f + e;
-}
-
-KV_DEVICE float kv_pool2(float kv0, float s0, float kv1, float s1) {
-    float num, den;
-    kv_pool2_terms(kv0, s0, kv1, s1, &num, &den);
-    return kv_divf(num, den);
 }
 
 // NVFP4 code of r in a tile of scale s, y = f32(1 / s): e2m1(f32(r / s))

@@ -700,8 +700,8 @@ KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams
                                  KvTeamLane tl, const KvRowPart<16 / TEAM>& older,
                                  const KvRowPart<16 / TEAM>& newer, float* pooled) {
     constexpr int N = 16 / TEAM;
-    // Every dim's exps first, then the divisions: on NVIDIA each IEEE
-    // division ends in a branch (its range check), and a dim's exps after
+    // Every dim's exp first, then the divisions: on NVIDIA each IEEE
+    // division ends in a branch (its range check), and a dim's exp after
     // one would wait for it (H200: CR2 at T = 16 2.90 -> 2.65 µs in teams,
     // 4 requests at 65536 90.4 -> 85.9 on lone groups).
     float v[16], den[N];

@@ -268,7 +268,9 @@ pub fn norm_scale(v: f32, inv: f32, w: f32) -> f32 {
 
 /// Softmax pooling of two rows' values per dim: `m = max(s0, s1)`,
 /// `w0 = exp(s0 - m)`, `w1 = exp(s1 - m)`,
-/// `f32(f32(f32(kv0 w0) + f32(kv1 w1)) / f32(w0 + w1))`.
+/// `f32(f32(f32(kv0 w0) + f32(kv1 w1)) / f32(w0 + w1))`. The kernels have no
+/// single twin: they run [`pool2_terms`] (`kv_pool2_terms`) for every dim of
+/// a lane, then the divisions (`kv_pool_norm_emit`).
 #[inline]
 pub fn pool2(kv0: f32, s0: f32, kv1: f32, s1: f32) -> f32 {
     let (num, den) = pool2_terms(kv0, s0, kv1, s1);
