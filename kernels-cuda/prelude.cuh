@@ -42,6 +42,9 @@
 #else
 #define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n, 6)
 #endif
+// Four blocks per SM, at most 64 registers: the long-chunk CR2 kernel,
+// whose lone groups pool by halves to fit.
+#define KV_LAUNCH_BOUNDS_4(n) __launch_bounds__(n, 4)
 // Five blocks per SM, at most 48 registers: the fused CR1 kernels (the
 // insert's work plus the norm; at 40 registers they spill).
 #define KV_LAUNCH_BOUNDS_5(n) __launch_bounds__(n, 5)

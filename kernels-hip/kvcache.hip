@@ -695,15 +695,48 @@ KV_DEVICE void kv_store_row_part(float* row, KvTeamLane tl, const KvRowPart<16 /
 // once, and the weights (1 KB, shared by every token) come from cache. (Teams
 // issuing them, and the insert's slot, with the rows' reads measured no
 // faster at decode sizes on the H200.)
+// Pools a lane's part of N dims: every dim's exp first, then the
+// divisions: on NVIDIA each IEEE division ends in a branch (its range
+// check), and a dim's exp after one would wait for it (H200: CR2 at T = 16
+// 2.90 -> 2.65 µs in teams, 4 requests at 65536 90.4 -> 85.9 on lone
+// groups).
+template <int N>
+KV_DEVICE void kv_pool_part(const KvRowPart<N>& older, const KvRowPart<N>& newer, float v[N]) {
+    float den[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+        kv_pool2_terms(older.kv[j], older.s[j], newer.kv[j], newer.s[j], &v[j], &den[j]);
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = kv_divf(v[j], den[j]);
+}
+
+// Norms lane l's 16 pooled dims and emits the latent of token t (at
+// position `pos`). The weights are loaded here, not with the rows: the CR2
+// kernels are limited by how many groups their registers let run at once,
+// and the weights (1 KB, shared by every token) come from cache. (Teams
+// issuing them, and the insert's slot, with the rows' reads measured no
+// faster at decode sizes on the H200.)
+template <bool FUSED, int LAYOUT>
+KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
+                            unsigned lane, const float v[16]) {
+    KvBf16x16 w;
+    kv_load_bf16x16(c.weight + 16 * lane, &w);
+    uint16_t out[16];
+    kv_rms_norm16(v, w, c.eps, out);
+    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out, pos);
+}
+
+// Pools (older, newer) over the team, then group 0 norms and emits the latent
+// of token t. A team meets at one barrier, so every lane of the block must
+// call this (the callers' conditions are the same for the whole item). The
+// steps of kv_pool_part and kv_norm_emit are written out here: through the
+// helpers nvcc schedules five fused team and pair kernels differently (the
+// same instructions), and this form keeps the SASS that was measured.
 template <bool FUSED, int LAYOUT, int TEAM>
 KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
                                  KvTeamLane tl, const KvRowPart<16 / TEAM>& older,
                                  const KvRowPart<16 / TEAM>& newer, float* pooled) {
     constexpr int N = 16 / TEAM;
-    // Every dim's exp first, then the divisions: on NVIDIA each IEEE
-    // division ends in a branch (its range check), and a dim's exp after
-    // one would wait for it (H200: CR2 at T = 16 2.90 -> 2.65 µs in teams,
-    // 4 requests at 65536 90.4 -> 85.9 on lone groups).
     float v[16], den[N];
 #pragma unroll
     for (int j = 0; j < N; ++j)
@@ -723,8 +756,29 @@ KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams
     kv_emit_latent<FUSED, LAYOUT>(c, ins, t, tl.l, out, pos);
 }
 
-// CR2 token item: the group that token t closes inside its chunk.
-template <bool FUSED, int LAYOUT, int TEAM>
+// The long-chunk kernels' lone group pools its 16 dims in two halves of 8
+// (the dims a pair's two groups would hold), reading each half's rows just
+// before pooling it: at most 32 row values live at once instead of 64, so
+// the kernel fits 64 registers (four blocks per SM on sm_90) without
+// spilling. The halves' values land where the one-pass order puts them.
+template <bool FUSED, int LAYOUT>
+KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t,
+                                        int64_t pos, unsigned lane, const float* older, const float* newer) {
+    float v[16];
+#pragma unroll
+    for (unsigned h = 0; h < 2u; ++h) {
+        const KvTeamLane hl = {h, lane};
+        KvRowPart<8> o, n;
+        kv_load_row_part<2>(older, hl, &o);
+        kv_load_row_part<2>(newer, hl, &n);
+        kv_pool_part<8>(o, n, v + 8 * h);
+    }
+    kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, lane, v);
+}
+
+// CR2 token item: the group that token t closes inside its chunk. HALVES:
+// a lone group pooling by halves (kv_pool_halves_norm_emit).
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false>
 KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
                                  float* pooled) {
     // Slot, position and request in one round trip (the request index is
@@ -752,6 +806,11 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
         return;
     }
     if (t == start) return;  // the request item owns a chunk's first token
+    if (HALVES) {
+        kv_pool_halves_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, tl.l, c.kv_score + (t - 1) * c.kv_row_stride,
+                                                c.kv_score + t * c.kv_row_stride);
+        return;
+    }
     KvRowPart<16 / TEAM> older, newer;
     kv_load_row_part<TEAM>(c.kv_score + (t - 1) * c.kv_row_stride, tl, &older);
     kv_load_row_part<TEAM>(c.kv_score + t * c.kv_row_stride, tl, &newer);
@@ -762,8 +821,9 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
 // predecessor (prev_rows or ring), then the ring stores. Each lane reads and
 // writes only its own dims, and a ring row is read before any store that
 // could overwrite it (the same row only when the capacity is 1), so nothing
-// races.
-template <bool FUSED, int LAYOUT, int TEAM>
+// races (with HALVES, each half's older row is read before that half's
+// store).
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false>
 KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
                                    float* pooled) {
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
@@ -803,24 +863,51 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
             }
         }
     }
-    // The first token's row and the older row in one round trip. The first
-    // row is the newer half of the pooled group and, in a chunk no longer
-    // than the ring, a ring store: that one goes out from registers, after
-    // the older row's read.
-    KvRowPart<16 / TEAM> first, prev;
-    kv_load_row_part<TEAM>(c.kv_score + (int64_t)start * c.kv_row_stride, tl, &first);
-    if (older) kv_load_row_part<TEAM>(older, tl, &prev);
-    const int32_t from = end - c.ring_capacity > start ? end - c.ring_capacity : start;
-    if (!has_prev && from == start) {
-        if (blk_f >= c.ring_blocks) {
-            kv_team_count(c.counters, KV_COUNT_SLOT, tl);
-        } else {
-            kv_store_row_part<TEAM>(c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride, tl, first);
+    // The ring stores' first token (the chunk's last `capacity` tokens),
+    // set after the rows' reads are issued.
+    int32_t from;
+    if (HALVES) {
+        // The first token's ring row (in a chunk no longer than the ring),
+        // then per half: its rows, its ring store, its pooling.
+        from = end - c.ring_capacity > start ? end - c.ring_capacity : start;
+        float* ring_first = 0;
+        if (!has_prev && from == start) {
+            if (blk_f >= c.ring_blocks) {
+                kv_team_count(c.counters, KV_COUNT_SLOT, tl);
+            } else {
+                ring_first = c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride;
+            }
         }
-    }
-    if (older) {
-        kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start, pos, tl, prev, first, pooled);
+        float v[16];
+#pragma unroll
+        for (unsigned h = 0; h < 2u; ++h) {
+            const KvTeamLane hl = {h, tl.l};
+            KvRowPart<8> f, o;
+            kv_load_row_part<2>(c.kv_score + (int64_t)start * c.kv_row_stride, hl, &f);
+            if (older) kv_load_row_part<2>(older, hl, &o);
+            if (ring_first) kv_store_row_part<2>(ring_first, hl, f);
+            if (older) kv_pool_part<8>(o, f, v + 8 * h);
+        }
+        if (older) kv_norm_emit<FUSED, LAYOUT>(c, ins, start, pos, tl.l, v);
+    } else {
+        // The first token's row and the older row in one round trip. The
+        // first row is the newer half of the pooled group and, in a chunk no
+        // longer than the ring, a ring store: that one goes out from
+        // registers, after the older row's read.
+        KvRowPart<16 / TEAM> first, prev;
+        kv_load_row_part<TEAM>(c.kv_score + (int64_t)start * c.kv_row_stride, tl, &first);
+        if (older) kv_load_row_part<TEAM>(older, tl, &prev);
+        from = end - c.ring_capacity > start ? end - c.ring_capacity : start;
+        if (!has_prev && from == start) {
+            if (blk_f >= c.ring_blocks) {
+                kv_team_count(c.counters, KV_COUNT_SLOT, tl);
+            } else {
+                kv_store_row_part<TEAM>(c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride, tl,
+                                        first);
+            }
+        }
         // Group 0 goes on alone; the other groups are done with the pooling.
+        if (older) kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start, pos, tl, prev, first, pooled);
     }
     if (has_prev) return;
     // The team's other groups still copy their parts of the ring rows: they
@@ -840,7 +927,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
     }
 }
 
-template <bool FUSED, int LAYOUT>
+template <bool FUSED, int LAYOUT, bool HALVES = false>
 KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins, int cr) {
     int64_t g = kv_group(c.flags);
     if (cr == 1) {
@@ -849,9 +936,9 @@ KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins,
     }
     KvTeamLane tl = {0u, kv_lane()};
     if (g < c.num_reqs) {
-        kv_cr2_request_item<FUSED, LAYOUT, 1>(c, ins, g, tl, 0);
+        kv_cr2_request_item<FUSED, LAYOUT, 1, HALVES>(c, ins, g, tl, 0);
     } else if (g - c.num_reqs < c.n) {
-        kv_cr2_token_item<FUSED, LAYOUT, 1>(c, ins, g - c.num_reqs, tl, 0);
+        kv_cr2_token_item<FUSED, LAYOUT, 1, HALVES>(c, ins, g - c.num_reqs, tl, 0);
     }
 }
 
@@ -878,6 +965,13 @@ KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void kv_compress_cr1(const KvComp
 
 KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2(const KvCompressParams c) {
     kv_compress<false, 0>(c, 0, 2);
+}
+
+// Long chunks (prefill): lone groups pooling by halves, at four blocks per
+// SM on sm_90 (src/kernel_abi.rs picks it when fewer than half the tokens
+// start a chunk).
+KV_KERNEL KV_LAUNCH_BOUNDS_4(KV_BLOCK_THREADS) void kv_compress_cr2_long(const KvCompressParams c) {
+    kv_compress<false, 0, true>(c, 0, 2);
 }
 
 KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void kv_compress_cr2_team(const KvCompressParams c) {
@@ -972,6 +1066,20 @@ KV_FUSED_KERNEL(kv_fused_cr2_mxfp8, 2, KV_LAYOUT_MXFP8, KV_LAUNCH_BOUNDS)
 KV_FUSED_KERNEL(kv_fused_cr2_nvfp4, 2, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS)
 KV_FUSED_KERNEL(kv_fused_cr2_bf16, 2, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS)
 KV_FUSED_KERNEL(kv_fused_cr2_fp8, 2, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS)
+
+// Long chunks: the fused kernels' lone groups pooling by halves (see
+// kv_compress_cr2_long), at four blocks per SM on sm_90; V4, whose insert
+// holds more state, spills 4 bytes at 64 registers and takes three.
+#define KV_FUSED_LONG_KERNEL(name, LAYOUT, BOUNDS)                       \
+    KV_KERNEL BOUNDS(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \
+        kv_compress<true, LAYOUT, true>(p.c, &p.i, 2);                     \
+    }
+
+KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_v4, KV_LAYOUT_V4, KV_LAUNCH_BOUNDS)
+KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_mxfp8, KV_LAYOUT_MXFP8, KV_LAUNCH_BOUNDS_4)
+KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_nvfp4, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS_4)
+KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_bf16, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS_4)
+KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_fp8, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_4)
 
 #define KV_FUSED_TEAM_KERNEL(name, LAYOUT)                                          \
     KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void name(const KvFusedParams p) { \

@@ -81,6 +81,7 @@ KV_DEVICE void kv_sync() {
 // The CUDA prelude's occupancy variants (blocks per SM, i.e. a register cap
 // for ptxas); on AMD they are the work-group size bound alone.
 #define KV_LAUNCH_BOUNDS_2(n) KV_LAUNCH_BOUNDS(n)
+#define KV_LAUNCH_BOUNDS_4(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_5(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_6(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_9(n) KV_LAUNCH_BOUNDS(n)

@@ -65,6 +65,12 @@ pub const KERNEL_NAMES: &[&str] = &[
     "kv_fused_cr2_pair_nvfp4",
     "kv_fused_cr2_pair_bf16",
     "kv_fused_cr2_pair_fp8",
+    "kv_compress_cr2_long",
+    "kv_fused_cr2_long_v4",
+    "kv_fused_cr2_long_mxfp8",
+    "kv_fused_cr2_long_nvfp4",
+    "kv_fused_cr2_long_bf16",
+    "kv_fused_cr2_long_fp8",
 ];
 
 /// The insert kernel for a layout.
@@ -111,6 +117,12 @@ pub fn fused_team_kernel(layout: RecordLayout) -> &'static str {
 /// ([`CR2_PAIR_GROUPS`]).
 pub fn fused_pair_kernel(layout: RecordLayout) -> &'static str {
     KERNEL_NAMES[28 + layout_index(layout)]
+}
+
+/// The fused CR2 kernel for long chunks: lone groups pooling by halves
+/// ([`Cr2Items::LoneHalves`]).
+pub fn fused_long_kernel(layout: RecordLayout) -> &'static str {
+    KERNEL_NAMES[34 + layout_index(layout)]
 }
 
 fn layout_index(layout: RecordLayout) -> usize {
@@ -547,6 +559,9 @@ pub enum Cr2Items {
     Pairs,
     /// A block of [`CR2_TEAM_GROUPS`] groups per item.
     Teams,
+    /// One group per item pooling its dims in two halves, so that the
+    /// kernel fits 64 registers (four blocks per SM on sm_90): long chunks.
+    LoneHalves,
 }
 
 /// The item shape of a CR2 launch of `n` tokens in `num_reqs` requests. At
@@ -554,9 +569,13 @@ pub enum Cr2Items {
 /// and a team splits it four ways; mid-sized decode batches run pairs, which
 /// leave fewer lanes idle while group 0 norms and emits; large launches have
 /// items enough to hide the chain (see [`CR2_TEAM_MAX_ITEMS`],
-/// [`CR2_PAIR_MAX_ITEMS`] and [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]). The
-/// environment variable `DSV4_KVCACHE_CR2_TEAMS` forces the choice, for
-/// testing and benchmarking: `0` lone groups, `1` teams, `2` pairs.
+/// [`CR2_PAIR_MAX_ITEMS`] and [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]); there
+/// long chunks run lone groups pooling by halves, which fit more groups on
+/// an SM, and decode batches the one-pass lone groups, whose request items
+/// (a ring row read and a ring store each) were slower at more blocks per
+/// SM. The environment variable `DSV4_KVCACHE_CR2_TEAMS` forces the
+/// choice, for testing and benchmarking: `0` lone groups, `1` teams, `2`
+/// pairs, `3` lone groups by halves.
 pub fn cr2_item_shape(n: u64, num_reqs: u64) -> Cr2Items {
     static FORCED: OnceLock<Option<Cr2Items>> = OnceLock::new();
     let forced = *FORCED.get_or_init(
@@ -564,6 +583,7 @@ pub fn cr2_item_shape(n: u64, num_reqs: u64) -> Cr2Items {
             Ok("0") => Some(Cr2Items::Lone),
             Ok("1") => Some(Cr2Items::Teams),
             Ok("2") => Some(Cr2Items::Pairs),
+            Ok("3") => Some(Cr2Items::LoneHalves),
             _ => None,
         },
     );
@@ -579,7 +599,7 @@ pub fn cr2_item_shape(n: u64, num_reqs: u64) -> Cr2Items {
     } else if items <= CR2_TEAM_MAX_ITEMS_LONG_CHUNKS {
         Cr2Items::Teams
     } else {
-        Cr2Items::Lone
+        Cr2Items::LoneHalves
     })
 }
 
@@ -648,6 +668,7 @@ fn compressor_launch(
     lone: &'static str,
     team: &'static str,
     pair: &'static str,
+    halves: &'static str,
 ) -> Launch {
     let items = compress_items(p);
     let shape = if p.compress_ratio == 2 {
@@ -668,6 +689,10 @@ fn compressor_launch(
             kernel: pair,
             geometry: team_geometry(items, CR2_PAIR_GROUPS),
         },
+        Cr2Items::LoneHalves => Launch {
+            kernel: halves,
+            geometry: geometry(items),
+        },
     }
 }
 
@@ -678,6 +703,7 @@ pub fn compress_launch(p: &CompressPlan) -> Launch {
         compress_kernel(p.compress_ratio),
         "kv_compress_cr2_team",
         "kv_compress_cr2_pair",
+        "kv_compress_cr2_long",
     )
 }
 
@@ -689,6 +715,7 @@ pub fn fused_launch(p: &FusedPlan) -> Launch {
         fused_kernel(p.compress.compress_ratio, layout),
         fused_team_kernel(layout),
         fused_pair_kernel(layout),
+        fused_long_kernel(layout),
     )
 }
 
@@ -767,12 +794,13 @@ mod tests {
             assert_eq!(fused_team_kernel(l), format!("kv_fused_cr2_team_{suffix}"));
             assert!(KERNEL_NAMES.contains(&fused_pair_kernel(l)));
             assert_eq!(fused_pair_kernel(l), format!("kv_fused_cr2_pair_{suffix}"));
+            assert_eq!(fused_long_kernel(l), format!("kv_fused_cr2_long_{suffix}"));
             if let Some(k) = insert_tiles_kernel(l) {
                 assert!(KERNEL_NAMES.contains(&k));
                 assert_eq!(k, format!("{}_tiles", insert_kernel(l)));
             }
         }
-        assert_eq!(KERNEL_NAMES.len(), 33);
+        assert_eq!(KERNEL_NAMES.len(), 39);
         let mut names = KERNEL_NAMES.to_vec();
         names.sort_unstable();
         names.dedup();
@@ -871,12 +899,13 @@ mod tests {
         // Half the tokens start a chunk: still a decode batch.
         assert_eq!(cr2_item_shape(4000, 2000), Teams);
         assert_eq!(cr2_item_shape(8000, 4000), Pairs);
-        // Long chunks: teams up to their limit, then lone groups, never pairs.
+        // Long chunks: teams up to their limit, then lone groups by halves,
+        // never pairs.
         assert_eq!(cr2_item_shape(16, 4), Teams);
         assert_eq!(cr2_item_shape(1020, 4), Teams);
-        assert_eq!(cr2_item_shape(1021, 4), Lone);
-        assert_eq!(cr2_item_shape(4000, 1999), Lone);
-        assert_eq!(cr2_item_shape(16384, 4), Lone);
+        assert_eq!(cr2_item_shape(1021, 4), LoneHalves);
+        assert_eq!(cr2_item_shape(4000, 1999), LoneHalves);
+        assert_eq!(cr2_item_shape(16384, 4), LoneHalves);
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //! (`kernel_abi::cr2_item_shape`) and CR1 inserts a token per group
 //! (`kernel_abi::insert_uses_tiles`); run again with
 //! `DSV4_KVCACHE_CR2_TEAMS=0` (lone groups), `DSV4_KVCACHE_CR2_TEAMS=2`
-//! (pairs) and with `DSV4_KVCACHE_INSERT_TILES=1` to check the kernels that
+//! (pairs), `DSV4_KVCACHE_CR2_TEAMS=3` (lone groups by halves, the
+//! long-chunk kernels) and with `DSV4_KVCACHE_INSERT_TILES=1` to check the kernels that
 //! larger launches use (the line printed says which ran).
 
 // Built without both GPU features, the device paths below are compiled out.
@@ -114,6 +115,7 @@ fn check_backend<B: Backend>(dev: &mut B) {
             dsv4_kvcache::kernel_abi::Cr2Items::Teams => "teams",
             dsv4_kvcache::kernel_abi::Cr2Items::Pairs => "pairs",
             dsv4_kvcache::kernel_abi::Cr2Items::Lone => "one group per item",
+            dsv4_kvcache::kernel_abi::Cr2Items::LoneHalves => "one group per item, by halves",
         },
         if dsv4_kvcache::kernel_abi::insert_uses_tiles(1, 1) {
             "tile-major where the layout has it"
