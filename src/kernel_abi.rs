@@ -548,6 +548,14 @@ pub const CR2_PAIR_MAX_ITEMS: u64 = 32768;
 /// 8192. Pairs do not pay there: at `0a44401`, 4 requests of 2048 tokens,
 /// 5.99 µs against 4.39 lone; fused NVFP4 slower at every size to 32768.
 pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
+/// Launches of long chunks above the team limit and up to this many items
+/// run one-pass lone groups, above it lone groups pooling by halves
+/// ([`Cr2Items::LoneHalves`], four blocks per SM). H200 at `4d6752c`, 4
+/// requests, one-pass / halves, compress (fused NVFP4): 3.68 / 3.80 µs
+/// (4.54 / 4.77) at 1024 tokens, 4.41 / 4.58 (5.08 / 5.17) at 2048, 4.98 /
+/// 5.14 (6.05 / 5.98; fused V4 8.24 / 5.84) at 3072, 7.44 / 5.65 (9.14 /
+/// 6.74) at 4096, 84.3 / 75.7 (95.4 / 87.3) at 65536.
+pub const CR2_LONE_MAX_ITEMS_LONG_CHUNKS: u64 = 3072;
 
 /// How a CR2 launch spreads an item (a request's first group, or a token's)
 /// over the GPU.
@@ -569,11 +577,12 @@ pub enum Cr2Items {
 /// and a team splits it four ways; mid-sized decode batches run pairs, which
 /// leave fewer lanes idle while group 0 norms and emits; large launches have
 /// items enough to hide the chain (see [`CR2_TEAM_MAX_ITEMS`],
-/// [`CR2_PAIR_MAX_ITEMS`] and [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]); there
-/// long chunks run lone groups pooling by halves, which fit more groups on
-/// an SM, and decode batches the one-pass lone groups, whose request items
-/// (a ring row read and a ring store each) were slower at more blocks per
-/// SM. The environment variable `DSV4_KVCACHE_CR2_TEAMS` forces the
+/// [`CR2_PAIR_MAX_ITEMS`] and [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]); above
+/// [`CR2_LONE_MAX_ITEMS_LONG_CHUNKS`] long chunks run lone groups pooling
+/// by halves, which fit more groups on an SM, while decode batches keep the
+/// one-pass lone groups, whose request items (a ring row read and a ring
+/// store each) were slower at more blocks per SM (one-token requests at
+/// 65536 tokens: 217.0 against 235.4 µs on halves). The environment variable `DSV4_KVCACHE_CR2_TEAMS` forces the
 /// choice, for testing and benchmarking: `0` lone groups, `1` teams, `2`
 /// pairs, `3` lone groups by halves.
 pub fn cr2_item_shape(n: u64, num_reqs: u64) -> Cr2Items {
@@ -598,6 +607,8 @@ pub fn cr2_item_shape(n: u64, num_reqs: u64) -> Cr2Items {
         }
     } else if items <= CR2_TEAM_MAX_ITEMS_LONG_CHUNKS {
         Cr2Items::Teams
+    } else if items <= CR2_LONE_MAX_ITEMS_LONG_CHUNKS {
+        Cr2Items::Lone
     } else {
         Cr2Items::LoneHalves
     })
@@ -899,11 +910,13 @@ mod tests {
         // Half the tokens start a chunk: still a decode batch.
         assert_eq!(cr2_item_shape(4000, 2000), Teams);
         assert_eq!(cr2_item_shape(8000, 4000), Pairs);
-        // Long chunks: teams up to their limit, then lone groups by halves,
-        // never pairs.
+        // Long chunks: teams up to their limit, then lone groups, then lone
+        // groups by halves; never pairs.
         assert_eq!(cr2_item_shape(16, 4), Teams);
         assert_eq!(cr2_item_shape(1020, 4), Teams);
-        assert_eq!(cr2_item_shape(1021, 4), LoneHalves);
+        assert_eq!(cr2_item_shape(1021, 4), Lone);
+        assert_eq!(cr2_item_shape(3068, 4), Lone);
+        assert_eq!(cr2_item_shape(3069, 4), LoneHalves);
         assert_eq!(cr2_item_shape(4000, 1999), LoneHalves);
         assert_eq!(cr2_item_shape(16384, 4), LoneHalves);
     }
