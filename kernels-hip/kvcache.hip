@@ -687,14 +687,6 @@ KV_DEVICE void kv_store_row_part(float* row, KvTeamLane tl, const KvRowPart<16 /
     kv_storeNf<16 / TEAM>(row + 512 + o, r.s);
 }
 
-// Pools (older, newer) over the team, then group 0 norms and emits the latent
-// of token t (at position `pos`). A team meets at one barrier, so every lane
-// of the block must call this (the callers' conditions are the same for the
-// whole item). The weights are loaded after the pooling, not with the rows:
-// the CR2 kernels are limited by how many groups their registers let run at
-// once, and the weights (1 KB, shared by every token) come from cache. (Teams
-// issuing them, and the insert's slot, with the rows' reads measured no
-// faster at decode sizes on the H200.)
 // Pools a lane's part of N dims: every dim's exp first, then the
 // divisions: on NVIDIA each IEEE division ends in a branch (its range
 // check), and a dim's exp after one would wait for it (H200: CR2 at T = 16
@@ -727,9 +719,10 @@ KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins
 }
 
 // Pools (older, newer) over the team, then group 0 norms and emits the latent
-// of token t. A team meets at one barrier, so every lane of the block must
-// call this (the callers' conditions are the same for the whole item). The
-// steps of kv_pool_part and kv_norm_emit are written out here: through the
+// of token t (at position `pos`). A team meets at one barrier, so every lane
+// of the block must call this (the callers' conditions are the same for the
+// whole item). The steps of kv_pool_part and kv_norm_emit (the weights'
+// load after the pooling included) are written out here: through the
 // helpers nvcc schedules five fused team and pair kernels differently (the
 // same instructions), and this form keeps the SASS that was measured.
 template <bool FUSED, int LAYOUT, int TEAM>
@@ -968,8 +961,8 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2(const KvCompre
 }
 
 // Long chunks (prefill): lone groups pooling by halves, at four blocks per
-// SM on sm_90 (src/kernel_abi.rs picks it when fewer than half the tokens
-// start a chunk).
+// SM on sm_90 (kernel_abi::cr2_item_shape picks it above 3072 items when
+// fewer than half the tokens start a chunk).
 KV_KERNEL KV_LAUNCH_BOUNDS_4(KV_BLOCK_THREADS) void kv_compress_cr2_long(const KvCompressParams c) {
     kv_compress<false, 0, true>(c, 0, 2);
 }
