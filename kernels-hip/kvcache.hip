@@ -861,7 +861,9 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
     int32_t from;
     if (HALVES) {
         // The first token's ring row (in a chunk no longer than the ring),
-        // then per half: its rows, its ring store, its pooling.
+        // then per half: its rows, its ring store, its pooling. (The else
+        // branch repeats the ring-row test after its loads: a shared helper
+        // changed the SASS of every CR2 kernel that was measured.)
         from = end - c.ring_capacity > start ? end - c.ring_capacity : start;
         float* ring_first = 0;
         if (!has_prev && from == start) {

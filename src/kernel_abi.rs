@@ -582,9 +582,10 @@ pub enum Cr2Items {
 /// by halves, which fit more groups on an SM, while decode batches keep the
 /// one-pass lone groups, whose request items (a ring row read and a ring
 /// store each) were slower at more blocks per SM (one-token requests at
-/// 65536 tokens: 217.0 against 235.4 µs on halves). The environment variable `DSV4_KVCACHE_CR2_TEAMS` forces the
-/// choice, for testing and benchmarking: `0` lone groups, `1` teams, `2`
-/// pairs, `3` lone groups by halves.
+/// 65536 tokens: 217.0 against 235.4 µs on halves). The environment
+/// variable `DSV4_KVCACHE_CR2_TEAMS` forces the choice, for testing and
+/// benchmarking: `0` lone groups, `1` teams, `2` pairs, `3` lone groups by
+/// halves.
 pub fn cr2_item_shape(n: u64, num_reqs: u64) -> Cr2Items {
     static FORCED: OnceLock<Option<Cr2Items>> = OnceLock::new();
     let forced = *FORCED.get_or_init(
@@ -672,62 +673,47 @@ pub fn ring_rows_launch(p: &RingRowsPlan) -> Launch {
     }
 }
 
-/// The launch of a compress plan's items: `lone` with the usual geometry,
-/// or for CR2 `team` or `pair` by [`cr2_item_shape`].
-fn compressor_launch(
-    p: &CompressPlan,
-    lone: &'static str,
-    team: &'static str,
-    pair: &'static str,
-    halves: &'static str,
-) -> Launch {
+/// The launch of a compress plan's items: the item shape by
+/// [`cr2_item_shape`] for CR2 (one group per item for CR1), and `kernel`,
+/// the op's kernel for that shape.
+fn compressor_launch(p: &CompressPlan, kernel: impl Fn(Cr2Items) -> &'static str) -> Launch {
     let items = compress_items(p);
     let shape = if p.compress_ratio == 2 {
         cr2_item_shape(p.n as u64, p.num_reqs() as u64)
     } else {
         Cr2Items::Lone
     };
-    match shape {
-        Cr2Items::Lone => Launch {
-            kernel: lone,
-            geometry: geometry(items),
-        },
-        Cr2Items::Teams => Launch {
-            kernel: team,
-            geometry: team_geometry(items, CR2_TEAM_GROUPS),
-        },
-        Cr2Items::Pairs => Launch {
-            kernel: pair,
-            geometry: team_geometry(items, CR2_PAIR_GROUPS),
-        },
-        Cr2Items::LoneHalves => Launch {
-            kernel: halves,
-            geometry: geometry(items),
+    Launch {
+        kernel: kernel(shape),
+        geometry: match shape {
+            Cr2Items::Lone | Cr2Items::LoneHalves => geometry(items),
+            Cr2Items::Teams => team_geometry(items, CR2_TEAM_GROUPS),
+            Cr2Items::Pairs => team_geometry(items, CR2_PAIR_GROUPS),
         },
     }
 }
 
-/// The launch of a compress plan (CR2 in teams or pairs at decode sizes).
+/// The launch of a compress plan (CR2 in teams or pairs at decode sizes,
+/// by halves for long chunks).
 pub fn compress_launch(p: &CompressPlan) -> Launch {
-    compressor_launch(
-        p,
-        compress_kernel(p.compress_ratio),
-        "kv_compress_cr2_team",
-        "kv_compress_cr2_pair",
-        "kv_compress_cr2_long",
-    )
+    compressor_launch(p, |shape| match shape {
+        Cr2Items::Lone => compress_kernel(p.compress_ratio),
+        Cr2Items::Teams => "kv_compress_cr2_team",
+        Cr2Items::Pairs => "kv_compress_cr2_pair",
+        Cr2Items::LoneHalves => "kv_compress_cr2_long",
+    })
 }
 
-/// The launch of a fused plan (CR2 in teams or pairs at decode sizes).
+/// The launch of a fused plan (CR2 in teams or pairs at decode sizes, by
+/// halves for long chunks).
 pub fn fused_launch(p: &FusedPlan) -> Launch {
     let layout = p.insert.cache.layout;
-    compressor_launch(
-        &p.compress,
-        fused_kernel(p.compress.compress_ratio, layout),
-        fused_team_kernel(layout),
-        fused_pair_kernel(layout),
-        fused_long_kernel(layout),
-    )
+    compressor_launch(&p.compress, |shape| match shape {
+        Cr2Items::Lone => fused_kernel(p.compress.compress_ratio, layout),
+        Cr2Items::Teams => fused_team_kernel(layout),
+        Cr2Items::Pairs => fused_pair_kernel(layout),
+        Cr2Items::LoneHalves => fused_long_kernel(layout),
+    })
 }
 
 /// A kernel parameter block: carries the launch's groups-per-block in its
