@@ -53,6 +53,11 @@
 // kernels at 56 where the fused NVFP4 one had grown to 72, i.e. 28 warps per
 // SM where the others had 36 (and was 12 % slower at 8192 tokens).
 #define KV_LAUNCH_BOUNDS_9(n) __launch_bounds__(n, 9)
+// Sixteen pair blocks (of 64) per SM, at most 64 registers: the CR2 pair
+// kernels. Only the fused NVFP4 one takes more when free (70: fourteen
+// blocks); at 64 it does not spill, and ran 60.7 -> 58.8 µs for 16384
+// one-token requests (H200).
+#define KV_LAUNCH_BOUNDS_16(n) __launch_bounds__(n, 16)
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }
 KV_DEVICE unsigned kv_bid() { return blockIdx.x; }

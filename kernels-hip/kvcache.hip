@@ -106,6 +106,8 @@ struct KvFusedParams {
 #define KV_F_WRITE_LATENT 64u
 #define KV_F_COS_BF16 128u
 #define KV_F_SANITIZE 256u
+// CR2 team launches: a token block checks one token per group (kv_cr2_token_block).
+#define KV_F_SCREEN_TOKENS 512u
 // Bits 12..14: log2 of the groups in a block (the host picks the block size).
 #define KV_F_GROUPS_LOG2_SHIFT 12u
 
@@ -770,10 +772,12 @@ KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInser
 }
 
 // CR2 token item: the group that token t closes inside its chunk. HALVES:
-// a lone group pooling by halves (kv_pool_halves_norm_emit).
-template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false>
+// a lone group pooling by halves (kv_pool_halves_norm_emit). CHECK: only
+// the checks; the position of a token that closes a group goes to
+// *closing, which the caller set to -1.
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool CHECK = false>
 KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
-                                 float* pooled) {
+                                 float* pooled, int64_t* closing = 0) {
     // Slot, position and request in one round trip (the request index is
     // read even for tokens the position check then drops: 4 or 8 bytes
     // against a round trip on every pooled token).
@@ -799,6 +803,10 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
         return;
     }
     if (t == start) return;  // the request item owns a chunk's first token
+    if (CHECK) {
+        *closing = pos;
+        return;
+    }
     if (HALVES) {
         kv_pool_halves_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, tl.l, c.kv_score + (t - 1) * c.kv_row_stride,
                                                 c.kv_score + t * c.kv_row_stride);
@@ -937,16 +945,69 @@ KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins,
     }
 }
 
+// A team's shared memory, sized by the launch (kernel_abi::team_geometry):
+// one token's pooled values (512 floats) for a team item, and in a
+// screened launch (kernel_abi::screened_team_geometry) TEAM of them plus
+// the TEAM closing positions. Dynamic, so that only screened launches pay
+// for the larger size: on gfx942 (64 KB of LDS per CU) 8 KB per team would
+// cut the blocks a CU holds.
+extern KV_SHARED float kv_team_shared[];
+
+// A token block of a screened team launch (KV_F_SCREEN_TOKENS: decode
+// batches of many requests), covering TEAM tokens: group g checks token
+// TEAM b + g, the team pools those that close a group one after the other
+// (none for one-token requests, whose first tokens the request items pool),
+// each into its own buffer, and then each closing token's group norms and
+// emits it, the groups at once. A quarter of the token blocks (a half in
+// pairs), each as long as a token item until a second of its tokens closes
+// a group. The closing positions and the loop bounds are the same for the
+// whole block, so every lane meets every barrier.
+template <bool FUSED, int LAYOUT, int TEAM>
+KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParams* ins, int64_t b, KvTeamLane tl,
+                                  float* pooled) {
+    int64_t* closing = (int64_t*)(pooled + TEAM * 512);
+    const int64_t t0 = b * TEAM;
+    const int64_t t = t0 + tl.g;
+    // Each group counts its own token's faults.
+    const KvTeamLane own = {0u, tl.l};
+    int64_t pos = -1;
+    if (t < c.n) kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, true>(c, ins, t, own, 0, &pos);
+    if (tl.l == 0u) closing[tl.g] = pos;
+    kv_sync();
+    bool any = false;
+#pragma unroll 1
+    for (unsigned k = 0; k < (unsigned)TEAM; ++k) {
+        if (closing[k] < 0) continue;
+        any = true;
+        int64_t tk = t0 + k;
+        KvRowPart<16 / TEAM> older, newer;
+        kv_load_row_part<TEAM>(c.kv_score + (tk - 1) * c.kv_row_stride, tl, &older);
+        kv_load_row_part<TEAM>(c.kv_score + tk * c.kv_row_stride, tl, &newer);
+        float v[16 / TEAM];
+        kv_pool_part<16 / TEAM>(older, newer, v);
+        kv_storeNf<16 / TEAM>(pooled + 512u * k + kv_part_offset<TEAM>(tl), v);
+    }
+    if (!any) return;
+    kv_sync();
+    if (pos < 0) return;
+    float v[16];
+    kv_loadNf<16>(pooled + 512u * tl.g + 16u * tl.l, v);
+    kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, tl.l, v);
+}
+
 // One CR2 item per block of TEAM groups (see "CR2 items, alone or in
-// teams"). Every lane of the block handles the same item, so the control flow
-// up to the team's barrier is the same for all of them.
+// teams"), or in a screened launch TEAM tokens (kv_cr2_token_block). Every
+// lane of the block handles the same item, so the control flow up to the
+// team's barriers is the same for all of them.
 template <bool FUSED, int LAYOUT, int TEAM>
 KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
-    KV_SHARED float pooled[512];
+    float* pooled = kv_team_shared;
     int64_t item = kv_bid();
     KvTeamLane tl = {kv_tid() / KV_GROUP_LANES, kv_lane()};
     if (item < c.num_reqs) {
         kv_cr2_request_item<FUSED, LAYOUT, TEAM>(c, ins, item, tl, pooled);
+    } else if (c.flags & KV_F_SCREEN_TOKENS) {
+        kv_cr2_token_block<FUSED, LAYOUT, TEAM>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (item - c.num_reqs < c.n) {
         kv_cr2_token_item<FUSED, LAYOUT, TEAM>(c, ins, item - c.num_reqs, tl, pooled);
     }
@@ -973,8 +1034,8 @@ KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void kv_compress_cr2_team(const K
     kv_compress_cr2_team<false, 0, KV_CR2_TEAM>(c, 0);
 }
 
-// Pairs take 54-70 registers uncapped, which leaves 14-18 blocks of 64 per SM.
-KV_KERNEL KV_LAUNCH_BOUNDS(KV_CR2_PAIR * 32) void kv_compress_cr2_pair(const KvCompressParams c) {
+// Pairs take 56-70 registers uncapped, at most 64 here (KV_LAUNCH_BOUNDS_16).
+KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair(const KvCompressParams c) {
     kv_compress_cr2_team<false, 0, KV_CR2_PAIR>(c, 0);
 }
 
@@ -1081,7 +1142,7 @@ KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_fp8, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_4)
         kv_compress_cr2_team<true, LAYOUT, KV_CR2_TEAM>(p.c, &p.i);                 \
     }
 #define KV_FUSED_PAIR_KERNEL(name, LAYOUT)                                        \
-    KV_KERNEL KV_LAUNCH_BOUNDS(KV_CR2_PAIR * 32) void name(const KvFusedParams p) { \
+    KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void name(const KvFusedParams p) { \
         kv_compress_cr2_team<true, LAYOUT, KV_CR2_PAIR>(p.c, &p.i);               \
     }
 

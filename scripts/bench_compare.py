@@ -21,6 +21,8 @@ PAIRS = [
     ("compress CR1", "own save/compress/norm CR1", "own, from the spec"),
     ("compress CR2, T one-token requests", "own save/compress/norm CR2, T one-token requests",
      "own, from the spec"),
+    ("compress CR2, T/2 two-token requests", "own save/compress/norm CR2, T/2 two-token requests",
+     "own, from the spec"),
     ("compress CR2, 4 requests of T/4", "own save/compress/norm CR2, 4 requests of T/4",
      "own, from the spec"),
 ]

@@ -27,11 +27,15 @@ cargo test --release --no-default-features --features hip --test hip_backend --t
 # The parity cases are decode-sized, so CR2 runs in teams and CR1 inserts a
 # token per group above; once more with the one-group-per-item CR2 kernels,
 # with the pair kernels, with the long-chunk kernels (lone groups pooling by
-# halves) and with the tile-major CR1 inserts, which larger launches use,
+# halves), with the screened token blocks of large decode batches (teams
+# and pairs), with the tile-major CR1 inserts, which larger launches use,
 # and once with blocks of 8 groups (the tile-major mapping's other shape).
 DSV4_KVCACHE_CR2_TEAMS=0 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
 DSV4_KVCACHE_CR2_TEAMS=2 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
 DSV4_KVCACHE_CR2_TEAMS=3 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
+DSV4_KVCACHE_CR2_SCREEN=1 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
+DSV4_KVCACHE_CR2_SCREEN=1 DSV4_KVCACHE_CR2_TEAMS=2 \
+    cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
 DSV4_KVCACHE_INSERT_TILES=1 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
 DSV4_KVCACHE_GROUPS_PER_BLOCK=8 DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_CR2_TEAMS=0 \
     cargo test --release --no-default-features --features hip --test device_parity -- --nocapture

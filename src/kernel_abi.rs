@@ -161,13 +161,17 @@ pub mod flags {
     pub const COS_BF16: u32 = 128;
     /// NaN sanitizing.
     pub const SANITIZE: u32 = 256;
+    /// CR2 team launches: a token block checks one token per group and
+    /// pools those that close a group (set at launch from
+    /// [`super::Geometry::screen_tokens`]).
+    pub const SCREEN_TOKENS: u32 = 512;
     /// Bits 12..14: log2 of the groups per block (set at launch by
     /// [`super::KernelParams::with_geometry`]).
     pub const GROUPS_LOG2_SHIFT: u32 = 12;
     /// Mask of the groups-per-block field.
     pub const GROUPS_LOG2_MASK: u32 = 7 << GROUPS_LOG2_SHIFT;
     // Every other flag sits below the field.
-    const _: () = assert!(SANITIZE < 1 << GROUPS_LOG2_SHIFT);
+    const _: () = assert!(SCREEN_TOKENS < 1 << GROUPS_LOG2_SHIFT);
 }
 
 /// `KvCompressParams`. Pointers are device addresses; strides in elements.
@@ -479,6 +483,12 @@ pub struct Geometry {
     /// log2 of the groups per block (the kernel's group index is
     /// `block << log2 | thread / 32`).
     pub groups_log2: u32,
+    /// CR2 teams and pairs: each token block covers one token per group
+    /// ([`cr2_screens_tokens`]).
+    pub screen_tokens: bool,
+    /// Bytes of dynamic shared memory (LDS) per block: the CR2 team kernels'
+    /// buffers, 0 for the others.
+    pub shared_bytes: u32,
 }
 
 /// Launch shape for `items` groups (one token or request each).
@@ -498,6 +508,8 @@ pub fn geometry(items: u64) -> Geometry {
         grid: items.div_ceil(gpb as u64).max(1) as u32,
         block_threads: GROUP_LANES * gpb,
         groups_log2: gpb.trailing_zeros(),
+        screen_tokens: false,
+        shared_bytes: 0,
     }
 }
 
@@ -621,8 +633,51 @@ pub fn team_geometry(items: u64, groups: u32) -> Geometry {
         grid: items.max(1) as u32,
         block_threads: GROUP_LANES * groups,
         groups_log2: groups.trailing_zeros(),
+        screen_tokens: false,
+        shared_bytes: CR2_POOLED_BYTES,
     }
 }
+
+/// Shape of a screened team launch of `n` tokens in `num_reqs` requests:
+/// a block per request, and a block per `groups` tokens, with a pooled
+/// buffer and a closing position (8 bytes) per group.
+pub fn screened_team_geometry(n: u64, num_reqs: u64, groups: u32) -> Geometry {
+    Geometry {
+        screen_tokens: true,
+        shared_bytes: groups * (CR2_POOLED_BYTES + 8),
+        ..team_geometry(num_reqs + n.div_ceil(groups as u64), groups)
+    }
+}
+
+/// One token's pooled values in a team's shared memory: 512 f32.
+pub const CR2_POOLED_BYTES: u32 = 512 * 4;
+
+/// Whether a CR2 launch of `n` tokens in `num_reqs` requests, in teams or
+/// pairs, screens its tokens: a token block then checks one token per group
+/// and pools those that close a group one after the other, so a decode
+/// batch, whose token items mostly pool nothing (a one-token request's
+/// group is its request item's), launches a quarter (a half, in pairs) of
+/// the token blocks. Chosen for batches of at least
+/// [`CR2_SCREEN_MIN_ITEMS`] items in which at most one request in four has
+/// more than one token. H200 (2026-12-01), one-token requests, unscreened /
+/// screened: 2.57 / 2.65 µs at 128 tokens (256 items), 3.12 / 2.96 at 256,
+/// 4.19 / 3.69 at 512, 5.70 / 5.44 at 1024, 8.54 / 8.60 at 2048, 15.65 /
+/// 15.26 at 4096, 29.91 / 28.58 at 8192, 56.56 / 53.16 at 16384. Two-token
+/// requests (speculative decode), whose second tokens pool in the token
+/// blocks, one after the other: 3.61 / 3.88 µs at 512 tokens, 5.76 / 5.76
+/// at 1024, 9.77 / 9.64 at 2048, 16.97 / 17.16 at 4096, 35.00 / 34.42 at
+/// 8192: they stay unscreened. The environment variable
+/// `DSV4_KVCACHE_CR2_SCREEN` (0 or 1) forces the choice for team and pair
+/// launches, for testing and benchmarking.
+pub fn cr2_screens_tokens(n: u64, num_reqs: u64) -> bool {
+    static FORCED: OnceLock<Option<bool>> = OnceLock::new();
+    let forced = forced_switch(&FORCED, "DSV4_KVCACHE_CR2_SCREEN");
+    forced.unwrap_or(4 * n <= 5 * num_reqs && n + num_reqs >= CR2_SCREEN_MIN_ITEMS)
+}
+
+/// Decode batches of at least this many items (requests plus tokens) screen
+/// their tokens ([`cr2_screens_tokens`]).
+pub const CR2_SCREEN_MIN_ITEMS: u64 = 512;
 
 /// A kernel and the shape to launch it in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -678,17 +733,25 @@ pub fn ring_rows_launch(p: &RingRowsPlan) -> Launch {
 /// the op's kernel for that shape.
 fn compressor_launch(p: &CompressPlan, kernel: impl Fn(Cr2Items) -> &'static str) -> Launch {
     let items = compress_items(p);
+    let (n, reqs) = (p.n as u64, p.num_reqs() as u64);
     let shape = if p.compress_ratio == 2 {
-        cr2_item_shape(p.n as u64, p.num_reqs() as u64)
+        cr2_item_shape(n, reqs)
     } else {
         Cr2Items::Lone
+    };
+    let team = |groups| {
+        if cr2_screens_tokens(n, reqs) {
+            screened_team_geometry(n, reqs, groups)
+        } else {
+            team_geometry(items, groups)
+        }
     };
     Launch {
         kernel: kernel(shape),
         geometry: match shape {
             Cr2Items::Lone | Cr2Items::LoneHalves => geometry(items),
-            Cr2Items::Teams => team_geometry(items, CR2_TEAM_GROUPS),
-            Cr2Items::Pairs => team_geometry(items, CR2_PAIR_GROUPS),
+            Cr2Items::Teams => team(CR2_TEAM_GROUPS),
+            Cr2Items::Pairs => team(CR2_PAIR_GROUPS),
         },
     }
 }
@@ -729,7 +792,10 @@ fn set_groups(flags: u32, g: &Geometry) -> u32 {
 
 impl KernelParams for CompressParams {
     fn with_geometry(mut self, g: &Geometry) -> Self {
-        self.flags = set_groups(self.flags, g);
+        self.flags = set_groups(self.flags, g) & !flags::SCREEN_TOKENS;
+        if g.screen_tokens {
+            self.flags |= flags::SCREEN_TOKENS;
+        }
         self
     }
 }
@@ -835,6 +901,7 @@ mod tests {
             ("KV_F_WRITE_LATENT", flags::WRITE_LATENT),
             ("KV_F_COS_BF16", flags::COS_BF16),
             ("KV_F_SANITIZE", flags::SANITIZE),
+            ("KV_F_SCREEN_TOKENS", flags::SCREEN_TOKENS),
         ] {
             assert_eq!(kernel_define(name), v as u64, "{name}");
         }
@@ -948,6 +1015,8 @@ mod tests {
             grid: 3,
             block_threads: 128,
             groups_log2: 2,
+            screen_tokens: false,
+            shared_bytes: 0,
         };
         let p = InsertParams {
             flags: flags::SANITIZE | flags::COS_BF16 | flags::GROUPS_LOG2_MASK,
@@ -972,5 +1041,64 @@ mod tests {
         }
         .with_geometry(&g);
         assert_eq!(f.compress.flags >> flags::GROUPS_LOG2_SHIFT, 2);
+        assert_eq!(f.compress.flags & flags::SCREEN_TOKENS, 0);
+        // A screened launch sets its flag in the compress block, and an
+        // unscreened one clears it.
+        let screened = Geometry {
+            screen_tokens: true,
+            ..g
+        };
+        let c = CompressParams {
+            flags: flags::HAS_PREV,
+            ..Default::default()
+        };
+        let on = c.with_geometry(&screened);
+        assert_eq!(
+            on.flags,
+            flags::HAS_PREV | flags::SCREEN_TOKENS | (2 << flags::GROUPS_LOG2_SHIFT)
+        );
+        assert_eq!(on.with_geometry(&g).flags, c.with_geometry(&g).flags);
+        let f = FusedParams {
+            compress: c,
+            insert: InsertParams::default(),
+        }
+        .with_geometry(&screened);
+        assert_eq!(f.compress.flags, on.flags);
+        assert_eq!(f.insert.flags & flags::SCREEN_TOKENS, 0);
+    }
+
+    #[test]
+    fn screened_team_launches_cover_every_request_and_token() {
+        for groups in [CR2_TEAM_GROUPS, CR2_PAIR_GROUPS] {
+            for (n, reqs) in [(1u64, 1u64), (512, 512), (513, 500), (1 << 14, 1 << 14)] {
+                let g = screened_team_geometry(n, reqs, groups);
+                assert!(g.screen_tokens);
+                assert_eq!(g.block_threads, GROUP_LANES * groups);
+                // A block per request, then one per `groups` tokens; none
+                // wholly idle.
+                let token_blocks = g.grid as u64 - reqs;
+                assert!(token_blocks * groups as u64 >= n);
+                assert!((token_blocks - 1) * (groups as u64) < n);
+                // A pooled buffer and a closing position per group (the
+                // kernel's kv_cr2_token_block), 8-byte aligned.
+                assert_eq!(g.shared_bytes, groups * (CR2_POOLED_BYTES + 8));
+                assert_eq!((groups * CR2_POOLED_BYTES) % 8, 0);
+            }
+            assert_eq!(team_geometry(7, groups).shared_bytes, CR2_POOLED_BYTES);
+        }
+        assert_eq!(geometry(7).shared_bytes, 0);
+        if std::env::var_os("DSV4_KVCACHE_CR2_SCREEN").is_some() {
+            eprintln!("DSV4_KVCACHE_CR2_SCREEN is set: the default choice is not checked");
+            return;
+        }
+        // One-token requests from 512 items (256 tokens) on.
+        assert!(!cr2_screens_tokens(255, 255));
+        assert!(cr2_screens_tokens(256, 256));
+        assert!(cr2_screens_tokens(1 << 14, 1 << 14));
+        // At most one request in four with a second token.
+        assert!(cr2_screens_tokens(1250, 1000));
+        assert!(!cr2_screens_tokens(1251, 1000));
+        assert!(!cr2_screens_tokens(2048, 1024));
+        assert!(!cr2_screens_tokens(4096, 4));
     }
 }

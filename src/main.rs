@@ -1605,6 +1605,18 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
             ..base.clone()
         },
     });
+    // Decode with one speculative (MTP) token: the second token of each
+    // request closes the group, in its token item.
+    v.push(BenchCase {
+        name: "compress CR2, T/2 two-token requests".into(),
+        layout: None,
+        spec: CaseSpec {
+            op: Op::FusedSaveCompressNorm,
+            compress_ratio: 2,
+            requests: (t / 2).max(1),
+            ..base.clone()
+        },
+    });
     v.push(BenchCase {
         name: "compress CR2, 4 requests of T/4".into(),
         layout: None,

@@ -16,7 +16,10 @@
 //! (`kernel_abi::insert_uses_tiles`); run again with
 //! `DSV4_KVCACHE_CR2_TEAMS=0` (lone groups), `DSV4_KVCACHE_CR2_TEAMS=2`
 //! (pairs), `DSV4_KVCACHE_CR2_TEAMS=3` (lone groups by halves, the
-//! long-chunk kernels) and with `DSV4_KVCACHE_INSERT_TILES=1` to check the kernels that
+//! long-chunk kernels), with `DSV4_KVCACHE_CR2_SCREEN=1` (teams or pairs
+//! whose token blocks screen a token per group, as large decode batches
+//! run them; the cases' multi-token chunks then pool several tokens per
+//! block) and with `DSV4_KVCACHE_INSERT_TILES=1` to check the kernels that
 //! larger launches use (the line printed says which ran).
 
 // Built without both GPU features, the device paths below are compiled out.
@@ -111,11 +114,16 @@ fn check_backend<B: Backend>(dev: &mut B) {
         dev.name(),
         all.len(),
         bad.len(),
-        match dsv4_kvcache::kernel_abi::cr2_item_shape(1, 1) {
-            dsv4_kvcache::kernel_abi::Cr2Items::Teams => "teams",
-            dsv4_kvcache::kernel_abi::Cr2Items::Pairs => "pairs",
-            dsv4_kvcache::kernel_abi::Cr2Items::Lone => "one group per item",
-            dsv4_kvcache::kernel_abi::Cr2Items::LoneHalves => "one group per item, by halves",
+        match (
+            dsv4_kvcache::kernel_abi::cr2_item_shape(1, 1),
+            dsv4_kvcache::kernel_abi::cr2_screens_tokens(1, 1),
+        ) {
+            (dsv4_kvcache::kernel_abi::Cr2Items::Teams, false) => "teams",
+            (dsv4_kvcache::kernel_abi::Cr2Items::Teams, true) => "teams, tokens screened",
+            (dsv4_kvcache::kernel_abi::Cr2Items::Pairs, false) => "pairs",
+            (dsv4_kvcache::kernel_abi::Cr2Items::Pairs, true) => "pairs, tokens screened",
+            (dsv4_kvcache::kernel_abi::Cr2Items::Lone, _) => "one group per item",
+            (dsv4_kvcache::kernel_abi::Cr2Items::LoneHalves, _) => "one group per item, by halves",
         },
         if dsv4_kvcache::kernel_abi::insert_uses_tiles(1, 1) {
             "tile-major where the layout has it"

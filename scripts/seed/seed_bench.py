@@ -13,10 +13,11 @@ Rows:
   counting bytes read plus bytes written (the roofline).
 - "own Triton baseline written from the spec" (own_baselines.py; not seed
   code): V4 584 B insert, BF16-rows insert, FP8-rows insert, CR1
-  save/compress/norm, and CR2 save/compress/norm (T one-token requests and 4
-  requests of T/4, ring of 2 rows, the inputs of `dsv4-kvcache bench`; the
-  pooling's exp is semantics.md's, not tl.exp). Skip with --no-baselines; a
-  failing baseline is reported and skipped, it never stops the seed rows.
+  save/compress/norm, and CR2 save/compress/norm (T one-token requests, T/2
+  two-token requests and 4 requests of T/4, ring of 2 rows, the inputs of
+  `dsv4-kvcache bench`; the pooling's exp is semantics.md's, not tl.exp).
+  Skip with --no-baselines; a failing baseline is reported and skipped, it
+  never stops the seed rows.
 
 GPU host:  python3 scripts/seed/seed_bench.py --seed-doc .carry/seed.txt --out $OUT/seed_bench.json
 CPU smoke: TRITON_INTERPRET=1 python3 scripts/seed/seed_bench.py --device cpu --smoke
@@ -111,7 +112,8 @@ def build_ops(T, dev, baselines):
         out = torch.zeros(T, 512, dtype=torch.bfloat16, device=dev)
         ops["own save/compress/norm CR1"] = ("own", lambda: own_baselines.norm_cr1(
             kv, slots, w, 1e-6, out))
-        for label, reqs in (("T one-token requests", T), ("4 requests of T/4", 4)):
+        for label, reqs in (("T one-token requests", T), ("T/2 two-token requests", max(T // 2, 1)),
+                            ("4 requests of T/4", 4)):
             a = cr2_inputs(T, reqs, g, dev)
             ops[f"own save/compress/norm CR2, {label}"] = ("own", lambda a=a: own_baselines.compress_cr2(
                 *a, w, 1e-6, out))

@@ -737,7 +737,7 @@ impl CudaBackend {
             f,
             (g.grid, 1, 1),
             (g.block_threads, 1, 1),
-            0,
+            g.shared_bytes,
             stream,
             &mut args,
         )

@@ -597,7 +597,7 @@ impl HipBackend {
             g.block_threads,
             1,
             1,
-            0,
+            g.shared_bytes,
             stream,
             args.as_mut_ptr(),
             null_mut(),
