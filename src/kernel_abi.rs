@@ -594,11 +594,24 @@ pub enum Cr2Items {
 /// by halves, which fit more groups on an SM, while decode batches keep the
 /// one-pass lone groups, whose request items (a ring row read and a ring
 /// store each) were slower at more blocks per SM (one-token requests at
-/// 65536 tokens: 217.0 against 235.4 µs on halves). The environment
-/// variable `DSV4_KVCACHE_CR2_TEAMS` forces the choice, for testing and
-/// benchmarking: `0` lone groups, `1` teams, `2` pairs, `3` lone groups by
-/// halves.
-pub fn cr2_item_shape(n: u64, num_reqs: u64) -> Cr2Items {
+/// 65536 tokens: 217.0 against 235.4 µs on halves).
+///
+/// `fused`: the launch is `fused_compress_insert`. A plain compress of a
+/// large decode batch screens its tokens ([`cr2_screens_tokens`]) and then
+/// keeps the team kernels: pairs for batches of mostly one-token requests
+/// above [`CR2_PAIR_MAX_ITEMS`] too, teams for other decode batches above
+/// [`CR2_TEAM_MAX_ITEMS`]. H200 (2026-12-01, at `429936b`), one-token
+/// requests, lone groups / screened pairs: 111.3 / 104.0 µs at 32768
+/// tokens, 217.1 / 205.5 at 65536 (fused NVFP4 113.0 / 114.1 and 214.5 /
+/// 225.1: fused launches keep the lone groups); two-token requests,
+/// unscreened pairs or lone groups / screened teams: 35.7 / 34.0 µs at
+/// 8192 tokens, 69.0 / 65.2 at 16384, 135.6 / 123.4 at 32768, 267.6 /
+/// 239.9 at 65536.
+///
+/// The environment variable `DSV4_KVCACHE_CR2_TEAMS` forces the choice, for
+/// testing and benchmarking: `0` lone groups, `1` teams, `2` pairs, `3`
+/// lone groups by halves.
+pub fn cr2_item_shape(n: u64, num_reqs: u64, fused: bool) -> Cr2Items {
     static FORCED: OnceLock<Option<Cr2Items>> = OnceLock::new();
     let forced = *FORCED.get_or_init(
         || match std::env::var("DSV4_KVCACHE_CR2_TEAMS").as_deref() {
@@ -611,9 +624,9 @@ pub fn cr2_item_shape(n: u64, num_reqs: u64) -> Cr2Items {
     );
     let items = n + num_reqs;
     forced.unwrap_or(if 2 * num_reqs >= n {
-        if items <= CR2_TEAM_MAX_ITEMS {
+        if items <= CR2_TEAM_MAX_ITEMS || (!fused && !mostly_one_token(n, num_reqs)) {
             Cr2Items::Teams
-        } else if items <= CR2_PAIR_MAX_ITEMS {
+        } else if items <= CR2_PAIR_MAX_ITEMS || !fused {
             Cr2Items::Pairs
         } else {
             Cr2Items::Lone
@@ -652,27 +665,44 @@ pub fn screened_team_geometry(n: u64, num_reqs: u64, groups: u32) -> Geometry {
 /// One token's pooled values in a team's shared memory: 512 f32.
 pub const CR2_POOLED_BYTES: u32 = 512 * 4;
 
+/// Whether at most one request in four has more than one token: the token
+/// items then mostly pool nothing (a one-token request's group is its
+/// request item's).
+fn mostly_one_token(n: u64, num_reqs: u64) -> bool {
+    4 * n <= 5 * num_reqs
+}
+
 /// Whether a CR2 launch of `n` tokens in `num_reqs` requests, in teams or
 /// pairs, screens its tokens: a token block then checks one token per group
 /// and pools those that close a group one after the other, so a decode
-/// batch, whose token items mostly pool nothing (a one-token request's
-/// group is its request item's), launches a quarter (a half, in pairs) of
-/// the token blocks. Chosen for batches of at least
-/// [`CR2_SCREEN_MIN_ITEMS`] items in which at most one request in four has
-/// more than one token. H200 (2026-12-01), one-token requests, unscreened /
-/// screened: 2.57 / 2.65 µs at 128 tokens (256 items), 3.12 / 2.96 at 256,
-/// 4.19 / 3.69 at 512, 5.70 / 5.44 at 1024, 8.54 / 8.60 at 2048, 15.65 /
-/// 15.26 at 4096, 29.91 / 28.58 at 8192, 56.56 / 53.16 at 16384. Two-token
-/// requests (speculative decode), whose second tokens pool in the token
-/// blocks, one after the other: 3.61 / 3.88 µs at 512 tokens, 5.76 / 5.76
-/// at 1024, 9.77 / 9.64 at 2048, 16.97 / 17.16 at 4096, 35.00 / 34.42 at
-/// 8192: they stay unscreened. The environment variable
-/// `DSV4_KVCACHE_CR2_SCREEN` (0 or 1) forces the choice for team and pair
-/// launches, for testing and benchmarking.
-pub fn cr2_screens_tokens(n: u64, num_reqs: u64) -> bool {
+/// batch, whose token items mostly pool nothing, launches a quarter (a
+/// half, in pairs) of the token blocks. Chosen for decode batches of at
+/// least [`CR2_SCREEN_MIN_ITEMS`] items of mostly one-token requests, and
+/// for plain compresses of other decode batches above
+/// [`CR2_TEAM_MAX_ITEMS`] (see [`cr2_item_shape`]). H200 (2026-12-01),
+/// one-token requests, `2533fa0` unscreened / `429936b` screened: 3.11 /
+/// 2.94 µs at 256 tokens (512 items), 4.20 / 3.68 at 512, 5.70 / 5.42 at
+/// 1024, 8.54 / 8.63 at 2048, 15.68 / 15.30 at 4096, 29.83 / 28.16 at 8192,
+/// 56.54 / 53.37 at 16384. A development build of the same token blocks
+/// (in static shared memory) gave the rest: one-token requests at 128
+/// tokens (256 items) 2.57 / 2.65 µs; two-token requests (speculative
+/// decode), whose second tokens pool in the token blocks one after the
+/// other, in teams or pairs, 3.61 / 3.88 µs at 512 tokens, 5.76 / 5.76 at
+/// 1024, 9.77 / 9.64 at 2048, 16.97 / 17.16 at 4096. The
+/// environment variable `DSV4_KVCACHE_CR2_SCREEN` (`0` or `1`) forces the
+/// choice for team and pair launches, for testing and benchmarking.
+pub fn cr2_screens_tokens(n: u64, num_reqs: u64, fused: bool) -> bool {
     static FORCED: OnceLock<Option<bool>> = OnceLock::new();
     let forced = forced_switch(&FORCED, "DSV4_KVCACHE_CR2_SCREEN");
-    forced.unwrap_or(4 * n <= 5 * num_reqs && n + num_reqs >= CR2_SCREEN_MIN_ITEMS)
+    let items = n + num_reqs;
+    forced.unwrap_or(
+        2 * num_reqs >= n
+            && if mostly_one_token(n, num_reqs) {
+                items >= CR2_SCREEN_MIN_ITEMS
+            } else {
+                !fused && items > CR2_TEAM_MAX_ITEMS
+            },
+    )
 }
 
 /// Decode batches of at least this many items (requests plus tokens) screen
@@ -728,19 +758,23 @@ pub fn ring_rows_launch(p: &RingRowsPlan) -> Launch {
     }
 }
 
-/// The launch of a compress plan's items: the item shape by
-/// [`cr2_item_shape`] for CR2 (one group per item for CR1), and `kernel`,
-/// the op's kernel for that shape.
-fn compressor_launch(p: &CompressPlan, kernel: impl Fn(Cr2Items) -> &'static str) -> Launch {
+/// The launch of a compress plan's items (`fused`: of a fused plan): the
+/// item shape by [`cr2_item_shape`] for CR2 (one group per item for CR1),
+/// and `kernel`, the op's kernel for that shape.
+fn compressor_launch(
+    p: &CompressPlan,
+    fused: bool,
+    kernel: impl Fn(Cr2Items) -> &'static str,
+) -> Launch {
     let items = compress_items(p);
     let (n, reqs) = (p.n as u64, p.num_reqs() as u64);
     let shape = if p.compress_ratio == 2 {
-        cr2_item_shape(n, reqs)
+        cr2_item_shape(n, reqs, fused)
     } else {
         Cr2Items::Lone
     };
     let team = |groups| {
-        if cr2_screens_tokens(n, reqs) {
+        if cr2_screens_tokens(n, reqs, fused) {
             screened_team_geometry(n, reqs, groups)
         } else {
             team_geometry(items, groups)
@@ -759,7 +793,7 @@ fn compressor_launch(p: &CompressPlan, kernel: impl Fn(Cr2Items) -> &'static str
 /// The launch of a compress plan (CR2 in teams or pairs at decode sizes,
 /// by halves for long chunks).
 pub fn compress_launch(p: &CompressPlan) -> Launch {
-    compressor_launch(p, |shape| match shape {
+    compressor_launch(p, false, |shape| match shape {
         Cr2Items::Lone => compress_kernel(p.compress_ratio),
         Cr2Items::Teams => "kv_compress_cr2_team",
         Cr2Items::Pairs => "kv_compress_cr2_pair",
@@ -771,7 +805,7 @@ pub fn compress_launch(p: &CompressPlan) -> Launch {
 /// halves for long chunks).
 pub fn fused_launch(p: &FusedPlan) -> Launch {
     let layout = p.insert.cache.layout;
-    compressor_launch(&p.compress, |shape| match shape {
+    compressor_launch(&p.compress, true, |shape| match shape {
         Cr2Items::Lone => fused_kernel(p.compress.compress_ratio, layout),
         Cr2Items::Teams => fused_team_kernel(layout),
         Cr2Items::Pairs => fused_pair_kernel(layout),
@@ -953,25 +987,34 @@ mod tests {
             return;
         }
         use Cr2Items::*;
-        // Decode batches of one-token requests: teams, pairs, lone groups.
-        let one_token = |t: u64| cr2_item_shape(t, t);
-        assert_eq!(one_token(1), Teams);
-        assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2), Teams);
-        assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2 + 1), Pairs);
-        assert_eq!(one_token(CR2_PAIR_MAX_ITEMS / 2), Pairs);
-        assert_eq!(one_token(CR2_PAIR_MAX_ITEMS / 2 + 1), Lone);
-        // Half the tokens start a chunk: still a decode batch.
-        assert_eq!(cr2_item_shape(4000, 2000), Teams);
-        assert_eq!(cr2_item_shape(8000, 4000), Pairs);
-        // Long chunks: teams up to their limit, then lone groups, then lone
-        // groups by halves; never pairs.
-        assert_eq!(cr2_item_shape(16, 4), Teams);
-        assert_eq!(cr2_item_shape(1020, 4), Teams);
-        assert_eq!(cr2_item_shape(1021, 4), Lone);
-        assert_eq!(cr2_item_shape(3068, 4), Lone);
-        assert_eq!(cr2_item_shape(3069, 4), LoneHalves);
-        assert_eq!(cr2_item_shape(4000, 1999), LoneHalves);
-        assert_eq!(cr2_item_shape(16384, 4), LoneHalves);
+        for fused in [false, true] {
+            // Decode batches of one-token requests: teams, then pairs; above
+            // the pair limit fused launches run lone groups.
+            let one_token = |t: u64| cr2_item_shape(t, t, fused);
+            assert_eq!(one_token(1), Teams);
+            assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2), Teams);
+            assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2 + 1), Pairs);
+            assert_eq!(one_token(CR2_PAIR_MAX_ITEMS / 2), Pairs);
+            let big = if fused { Lone } else { Pairs };
+            assert_eq!(one_token(CR2_PAIR_MAX_ITEMS / 2 + 1), big);
+            assert_eq!(one_token(1 << 16), big);
+            // Half the tokens start a chunk: still a decode batch, whose
+            // plain compresses stay in teams.
+            assert_eq!(cr2_item_shape(4000, 2000, fused), Teams);
+            let two_token = if fused { Pairs } else { Teams };
+            assert_eq!(cr2_item_shape(8000, 4000, fused), two_token);
+            let two_token = if fused { Lone } else { Teams };
+            assert_eq!(cr2_item_shape(1 << 16, 1 << 15, fused), two_token);
+            // Long chunks: teams up to their limit, then lone groups, then
+            // lone groups by halves; never pairs.
+            assert_eq!(cr2_item_shape(16, 4, fused), Teams);
+            assert_eq!(cr2_item_shape(1020, 4, fused), Teams);
+            assert_eq!(cr2_item_shape(1021, 4, fused), Lone);
+            assert_eq!(cr2_item_shape(3068, 4, fused), Lone);
+            assert_eq!(cr2_item_shape(3069, 4, fused), LoneHalves);
+            assert_eq!(cr2_item_shape(4000, 1999, fused), LoneHalves);
+            assert_eq!(cr2_item_shape(16384, 4, fused), LoneHalves);
+        }
     }
 
     #[test]
@@ -1091,14 +1134,23 @@ mod tests {
             eprintln!("DSV4_KVCACHE_CR2_SCREEN is set: the default choice is not checked");
             return;
         }
-        // One-token requests from 512 items (256 tokens) on.
-        assert!(!cr2_screens_tokens(255, 255));
-        assert!(cr2_screens_tokens(256, 256));
-        assert!(cr2_screens_tokens(1 << 14, 1 << 14));
-        // At most one request in four with a second token.
-        assert!(cr2_screens_tokens(1250, 1000));
-        assert!(!cr2_screens_tokens(1251, 1000));
-        assert!(!cr2_screens_tokens(2048, 1024));
-        assert!(!cr2_screens_tokens(4096, 4));
+        for fused in [false, true] {
+            let screens = |n, reqs| cr2_screens_tokens(n, reqs, fused);
+            // One-token requests from 512 items (256 tokens) on.
+            assert!(!screens(255, 255));
+            assert!(screens(256, 256));
+            assert!(screens(1 << 16, 1 << 16));
+            // At most one request in four with a second token.
+            assert!(screens(1250, 1000));
+            assert!(!screens(1251, 1000));
+            assert!(!screens(2048, 1024));
+            // Other decode batches above the team limit, in plain
+            // compresses.
+            assert_eq!(screens(8000, 4000), !fused);
+            assert!(!screens(5000, 3000));
+            // Never long chunks.
+            assert!(!screens(4096, 4));
+            assert!(!screens(1 << 16, 4));
+        }
     }
 }

@@ -115,8 +115,8 @@ fn check_backend<B: Backend>(dev: &mut B) {
         all.len(),
         bad.len(),
         match (
-            dsv4_kvcache::kernel_abi::cr2_item_shape(1, 1),
-            dsv4_kvcache::kernel_abi::cr2_screens_tokens(1, 1),
+            dsv4_kvcache::kernel_abi::cr2_item_shape(1, 1, false),
+            dsv4_kvcache::kernel_abi::cr2_screens_tokens(1, 1, false),
         ) {
             (dsv4_kvcache::kernel_abi::Cr2Items::Teams, false) => "teams",
             (dsv4_kvcache::kernel_abi::Cr2Items::Teams, true) => "teams, tokens screened",
