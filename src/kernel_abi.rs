@@ -545,8 +545,9 @@ pub const CR2_PAIR_GROUPS: u32 = 2;
 /// H200 at `0a44401`, one-token requests, teams / pairs / lone groups:
 /// 8.54 / 10.32 / 11.30 µs at 2048 tokens, 15.67 / 15.88 / 18.37 at 4096.
 pub const CR2_TEAM_MAX_ITEMS: u64 = 8192;
-/// Decode batches up to this many items run in pairs, above it in lone
-/// groups. H200 at `0a44401`, one-token requests, teams / pairs / lone:
+/// Decode batches up to this many items run in pairs, above it fused
+/// launches run lone groups (plain compresses of mostly one-token requests
+/// keep screened pairs, see [`cr2_item_shape`]). H200 at `0a44401`, one-token requests, teams / pairs / lone:
 /// 32.95 / 29.89 / 33.37 µs at 8192 tokens (fused NVFP4 35.49 / 32.63 /
 /// 35.33), 64.75 / 56.55 / 58.59 at 16384 (fused NVFP4 70.31 / 63.05 /
 /// 62.40, BF16 68.61 / 61.85 / 62.42), 128.89 / 110.17 / 111.84 at 32768
