@@ -53,11 +53,22 @@
 // kernels at 56 where the fused NVFP4 one had grown to 72, i.e. 28 warps per
 // SM where the others had 36 (and was 12 % slower at 8192 tokens).
 #define KV_LAUNCH_BOUNDS_9(n) __launch_bounds__(n, 9)
+// Ten team blocks per SM, at most 48 registers: the compress team kernel
+// of multi-token decode, which takes 50 by itself (its request items pool a
+// two-token chunk's second token too), where the plain one takes 48; at
+// nine blocks, 1024 one-token requests (1280 screened blocks) needed a
+// second wave on the H200's 132 SMs (5.43 -> 5.72 µs).
+#define KV_LAUNCH_BOUNDS_10(n) __launch_bounds__(n, 10)
 // Sixteen pair blocks (of 64) per SM, at most 64 registers: the CR2 pair
 // kernels. Only the fused NVFP4 one takes more when free (70: fourteen
 // blocks); at 64 it does not spill, and ran 60.7 -> 58.8 µs for 16384
-// one-token requests (H200).
+// one-token requests (H200). sm_100's compiler spills the fused V4 one at
+// 64, so it keeps fourteen there (72 registers; not measured).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define KV_LAUNCH_BOUNDS_16(n) __launch_bounds__(n, 14)
+#else
 #define KV_LAUNCH_BOUNDS_16(n) __launch_bounds__(n, 16)
+#endif
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }
 KV_DEVICE unsigned kv_bid() { return blockIdx.x; }

@@ -771,11 +771,27 @@ KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInser
     kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, lane, v);
 }
 
+// Whether the request item of chunk [start, end) (end as query_start_loc
+// holds it) pools the group its second token closes, given the first
+// token's slot and position: in a chunk of exactly two tokens whose first
+// token closes no group (decode with one speculative token), the request
+// item, which reads both rows for the ring anyway, pools the second token
+// too. The token item of the second token tests the same, on the same
+// values, and leaves it to the request item. Only in the OWN2 kernels
+// (kv_compress_cr2_team_mtp, kv_compress_cr2_pair_mtp), which plain
+// compresses of large decode batches with multi-token requests run
+// screened: built into every team kernel, the longer request item made
+// one-token decode 3-10 % slower (H200, 16 to 1024 tokens), and the lone
+// groups' fused kernels spill with the second row live (80 registers).
+KV_DEVICE bool kv_cr2_owns_second(int64_t start, int64_t end, int64_t slot0, int64_t pos0) {
+    return end - start == 2 && slot0 >= 0 && (pos0 < 0 || (pos0 & 1) == 0);
+}
+
 // CR2 token item: the group that token t closes inside its chunk. HALVES:
 // a lone group pooling by halves (kv_pool_halves_norm_emit). CHECK: only
 // the checks; the position of a token that closes a group goes to
 // *closing, which the caller set to -1.
-template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool CHECK = false>
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool CHECK = false, bool OWN2 = false>
 KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
                                  float* pooled, int64_t* closing = 0) {
     // Slot, position and request in one round trip (the request index is
@@ -784,6 +800,10 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     int64_t slot = kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t);
     int64_t pos = kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t);
     int64_t r = kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, t);
+    // The previous token's slot and position, for kv_cr2_owns_second.
+    const bool prev_known = OWN2 && t > 0;
+    int64_t slot_p = prev_known ? kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t - 1) : -1;
+    int64_t pos_p = prev_known ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t - 1) : 0;
     if (slot < 0) return;
     if (pos < 0) {
         kv_team_count(c.counters, KV_COUNT_POS, tl);
@@ -803,6 +823,8 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
         return;
     }
     if (t == start) return;  // the request item owns a chunk's first token
+    // ... and the second of a chunk of two, where the first closes no group.
+    if (prev_known && kv_cr2_owns_second(start, end, slot_p, pos_p)) return;
     if (CHECK) {
         *closing = pos;
         return;
@@ -818,13 +840,27 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, t, pos, tl, older, newer, pooled);
 }
 
+// Stores a team lane's part of a row to the ring row of `slot` (>= 0), or
+// counts a slot outside the ring.
+template <int TEAM>
+KV_DEVICE void kv_ring_store_part(const KvCompressParams& c, int64_t slot, KvTeamLane tl,
+                                  const KvRowPart<16 / TEAM>& v) {
+    int64_t row;
+    int64_t blk = kv_page_row(slot, c.ring_capacity, c.ring_shift, &row);
+    if (blk >= c.ring_blocks) {
+        kv_team_count(c.counters, KV_COUNT_SLOT, tl);
+        return;
+    }
+    kv_store_row_part<TEAM>(c.ring + blk * c.ring_block_stride + row * c.ring_row_stride, tl, v);
+}
+
 // CR2 request item: the group the chunk's first token closes with its
 // predecessor (prev_rows or ring), then the ring stores. Each lane reads and
 // writes only its own dims, and a ring row is read before any store that
 // could overwrite it (the same row only when the capacity is 1), so nothing
 // races (with HALVES, each half's older row is read before that half's
 // store).
-template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false>
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false>
 KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
                                    float* pooled) {
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
@@ -834,6 +870,9 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
     int64_t start64 = kv_load_index(c.qsl, q64, r);
     int64_t end64 = kv_load_index(c.qsl, q64, r + 1);
     int64_t j = has_prev ? kv_load_index(c.prev_idx, (c.flags & KV_F_PRI_I64) != 0u, r) : -1;
+    // A chunk of two, by query_start_loc's end as the token items see it
+    // (not past n, so the clamp below leaves it).
+    const bool two = OWN2 && start64 >= 0 && end64 - start64 == 2 && end64 <= c.n;
     if (end64 > c.n) end64 = c.n;
     if (start64 < 0 || start64 >= end64) return;
     // Now 0 <= start < end <= n < 2^31: 32-bit from here on (registers).
@@ -842,7 +881,17 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
     int64_t slot_f = kv_load_index(c.slots, s64, start);
     int64_t pos = kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, start);
     int64_t owner = kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, start);
+    // The second token's, for kv_cr2_owns_second.
+    int64_t slot_s = two ? kv_load_index(c.slots, s64, start + 1) : -1;
+    int64_t pos_s = two ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, start + 1) : -1;
+    int64_t owner_s = two ? kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, start + 1) : -1;
     if (slot_f < 0) return;
+    // The second token's group, where the token item leaves it to this item
+    // (all of its own checks pass; kv_cr2_owns_second); it excludes the
+    // first token's (older, below: an odd position). Its position then
+    // stands for the first token's, which no longer matters.
+    const bool own2 = two && kv_cr2_owns_second(start, end, slot_f, pos) && slot_s >= 0 && pos_s >= 0 &&
+                      (pos_s & 1) == 1 && owner_s == r;
     const int64_t cap = c.ring_capacity;
     int64_t row_f;
     int64_t blk_f = kv_page_row(slot_f, cap, c.ring_shift, &row_f);
@@ -864,6 +913,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
             }
         }
     }
+    if (own2) pos = pos_s;
     // The ring stores' first token (the chunk's last `capacity` tokens),
     // set after the rows' reads are issued.
     int32_t from;
@@ -897,25 +947,39 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         // first row is the newer half of the pooled group and, in a chunk no
         // longer than the ring, a ring store: that one goes out from
         // registers, after the older row's read.
-        KvRowPart<16 / TEAM> first, prev;
-        kv_load_row_part<TEAM>(c.kv_score + (int64_t)start * c.kv_row_stride, tl, &first);
-        if (older) kv_load_row_part<TEAM>(older, tl, &prev);
+        // The pooled group's (older, newer) rows: the ring or prev_rows row
+        // and the first token's, or (own2) the first and the second token's.
+        // The rows' addresses are picked, not their values, so that one
+        // copy of the pooling and the norm serves both groups in the
+        // registers of one (a copy per group took gfx942's pair kernels
+        // from 50 to 84-90 VGPRs; selecting the values spilled on sm_90).
+        const float* first_row = c.kv_score + (int64_t)start * c.kv_row_stride;
+        KvRowPart<16 / TEAM> o, nw;
+        kv_load_row_part<TEAM>(own2 ? first_row + c.kv_row_stride : first_row, tl, &nw);
+        if (older || own2) kv_load_row_part<TEAM>(own2 ? first_row : older, tl, &o);
         from = end - c.ring_capacity > start ? end - c.ring_capacity : start;
         if (!has_prev && from == start) {
             if (blk_f >= c.ring_blocks) {
                 kv_team_count(c.counters, KV_COUNT_SLOT, tl);
             } else {
-                kv_store_row_part<TEAM>(c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride, tl,
-                                        first);
+                float* ring_row = c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride;
+                if (own2) {
+                    kv_store_row_part<TEAM>(ring_row, tl, o);
+                } else {
+                    kv_store_row_part<TEAM>(ring_row, tl, nw);
+                }
             }
         }
+        // The second row is the ring loop's only token (end = start + 2);
+        // it goes out from registers too.
+        if (own2 && !has_prev) kv_ring_store_part<TEAM>(c, slot_s, tl, nw);
         // Group 0 goes on alone; the other groups are done with the pooling.
-        if (older) kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start, pos, tl, prev, first, pooled);
+        if (older || own2) kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw, pooled);
     }
     if (has_prev) return;
     // The team's other groups still copy their parts of the ring rows: they
     // returned from kv_pool_norm_emit above, not from this item.
-    for (int32_t u = from == start ? start + 1 : from; u < end; ++u) {
+    for (int32_t u = own2 ? end : (from == start ? start + 1 : from); u < end; ++u) {
         int64_t slot = kv_load_index(c.slots, s64, u);
         if (slot < 0) continue;
         int64_t row;
@@ -962,7 +1026,7 @@ extern KV_SHARED float kv_team_shared[];
 // pairs), each as long as a token item until a second of its tokens closes
 // a group. The closing positions and the loop bounds are the same for the
 // whole block, so every lane meets every barrier.
-template <bool FUSED, int LAYOUT, int TEAM>
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2>
 KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParams* ins, int64_t b, KvTeamLane tl,
                                   float* pooled) {
     int64_t* closing = (int64_t*)(pooled + TEAM * 512);
@@ -971,7 +1035,7 @@ KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParam
     // Each group counts its own token's faults.
     const KvTeamLane own = {0u, tl.l};
     int64_t pos = -1;
-    if (t < c.n) kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, true>(c, ins, t, own, 0, &pos);
+    if (t < c.n) kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, true, OWN2>(c, ins, t, own, 0, &pos);
     if (tl.l == 0u) closing[tl.g] = pos;
     kv_sync();
     bool any = false;
@@ -999,17 +1063,17 @@ KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParam
 // teams"), or in a screened launch TEAM tokens (kv_cr2_token_block). Every
 // lane of the block handles the same item, so the control flow up to the
 // team's barriers is the same for all of them.
-template <bool FUSED, int LAYOUT, int TEAM>
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false>
 KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
     float* pooled = kv_team_shared;
     int64_t item = kv_bid();
     KvTeamLane tl = {kv_tid() / KV_GROUP_LANES, kv_lane()};
     if (item < c.num_reqs) {
-        kv_cr2_request_item<FUSED, LAYOUT, TEAM>(c, ins, item, tl, pooled);
+        kv_cr2_request_item<FUSED, LAYOUT, TEAM, false, OWN2>(c, ins, item, tl, pooled);
     } else if (c.flags & KV_F_SCREEN_TOKENS) {
-        kv_cr2_token_block<FUSED, LAYOUT, TEAM>(c, ins, item - c.num_reqs, tl, pooled);
+        kv_cr2_token_block<FUSED, LAYOUT, TEAM, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (item - c.num_reqs < c.n) {
-        kv_cr2_token_item<FUSED, LAYOUT, TEAM>(c, ins, item - c.num_reqs, tl, pooled);
+        kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, false, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
     }
 }
 
@@ -1037,6 +1101,18 @@ KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void kv_compress_cr2_team(const K
 // Pairs take 56-70 registers uncapped, at most 64 here (KV_LAUNCH_BOUNDS_16).
 KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair(const KvCompressParams c) {
     kv_compress_cr2_team<false, 0, KV_CR2_PAIR>(c, 0);
+}
+
+// Plain compresses of large decode batches with multi-token requests
+// (speculative decode, MTP), screened: their request items also pool a
+// two-token chunk's second token (kv_cr2_owns_second), so that its rows are
+// read once and the token blocks pool nothing.
+KV_KERNEL KV_LAUNCH_BOUNDS_10(KV_CR2_TEAM * 32) void kv_compress_cr2_team_mtp(const KvCompressParams c) {
+    kv_compress_cr2_team<false, 0, KV_CR2_TEAM, true>(c, 0);
+}
+
+KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair_mtp(const KvCompressParams c) {
+    kv_compress_cr2_team<false, 0, KV_CR2_PAIR, true>(c, 0);
 }
 
 KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRingRowsParams p) {

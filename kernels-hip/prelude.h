@@ -85,6 +85,7 @@ KV_DEVICE void kv_sync() {
 #define KV_LAUNCH_BOUNDS_5(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_6(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_9(n) KV_LAUNCH_BOUNDS(n)
+#define KV_LAUNCH_BOUNDS_10(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_16(n) KV_LAUNCH_BOUNDS(n)
 
 // Lane index within the wavefront (0..63 on wave64, 0..31 on wave32).

@@ -71,6 +71,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "kv_fused_cr2_long_nvfp4",
     "kv_fused_cr2_long_bf16",
     "kv_fused_cr2_long_fp8",
+    "kv_compress_cr2_team_mtp",
+    "kv_compress_cr2_pair_mtp",
 ];
 
 /// The insert kernel for a layout.
@@ -679,8 +681,8 @@ fn mostly_one_token(n: u64, num_reqs: u64) -> bool {
 /// batch, whose token items mostly pool nothing, launches a quarter (a
 /// half, in pairs) of the token blocks. Chosen for decode batches of at
 /// least [`CR2_SCREEN_MIN_ITEMS`] items of mostly one-token requests, and
-/// for plain compresses of other decode batches above
-/// [`CR2_TEAM_MAX_ITEMS`] (see [`cr2_item_shape`]). H200 (2026-12-01),
+/// for plain compresses of other decode batches of at least
+/// [`CR2_SCREEN_MIN_ITEMS_MULTI`] items (see [`cr2_item_shape`]). H200 (2026-12-01),
 /// one-token requests, `2533fa0` unscreened / `429936b` screened: 3.11 /
 /// 2.94 µs at 256 tokens (512 items), 4.20 / 3.68 at 512, 5.70 / 5.42 at
 /// 1024, 8.54 / 8.63 at 2048, 15.68 / 15.30 at 4096, 29.83 / 28.16 at 8192,
@@ -701,10 +703,21 @@ pub fn cr2_screens_tokens(n: u64, num_reqs: u64, fused: bool) -> bool {
             && if mostly_one_token(n, num_reqs) {
                 items >= CR2_SCREEN_MIN_ITEMS
             } else {
-                !fused && items > CR2_TEAM_MAX_ITEMS
+                !fused && items >= CR2_SCREEN_MIN_ITEMS_MULTI
             },
     )
 }
+
+/// Plain compresses of decode batches with more multi-token requests
+/// screen their tokens from this many items on: there the request items
+/// also pool a two-token chunk's second token (`kv_cr2_owns_second` in the
+/// kernels), so the token blocks of speculative decode pool nothing either.
+/// H200, two tokens per request, unscreened (the token items pooling) /
+/// screened: 3.61 / 3.78 µs at 512 tokens (768 items), 5.75 / 5.52 at
+/// 1024, 9.79 / 8.74 at 2048, 16.92 / 15.09 at 4096, 33.98 / 29.49 at
+/// 8192, 65.14 / 55.10 at 16384, 239.5 / 209.1 at 65536. Fused launches
+/// were not measured with two-token requests and keep them unscreened.
+pub const CR2_SCREEN_MIN_ITEMS_MULTI: u64 = 1536;
 
 /// Decode batches of at least this many items (requests plus tokens) screen
 /// their tokens ([`cr2_screens_tokens`]).
@@ -791,12 +804,32 @@ fn compressor_launch(
     }
 }
 
+/// Whether a plain CR2 compress of `n` tokens in `num_reqs` requests, if it
+/// runs teams or pairs, runs their multi-token kernels
+/// (`kv_compress_cr2_team_mtp`, `kv_compress_cr2_pair_mtp`): screened
+/// decode batches with more than one request in four holding several
+/// tokens. Their request items also pool a two-token chunk's second token,
+/// so that speculative decode (two tokens a request) reads each row once
+/// and its token blocks pool nothing. H200, two-token requests, at
+/// `4f13280` (the token items pooling) / with the request items pooling:
+/// 5.70 / 5.33 µs at 1024 tokens, 9.75 / 8.92 at 2048, 16.84 / 14.74 at
+/// 4096, 33.90 / 27.79 at 8192, 65.08 / 52.44 at 16384, 239.3 / 203.7 at
+/// 65536. (Built into every team kernel, the longer request item made
+/// one-token decode 3-10 % slower from 16 to 1024 tokens, hence kernels of
+/// their own.)
+pub fn cr2_runs_mtp(n: u64, num_reqs: u64) -> bool {
+    cr2_screens_tokens(n, num_reqs, false) && !mostly_one_token(n, num_reqs)
+}
+
 /// The launch of a compress plan (CR2 in teams or pairs at decode sizes,
 /// by halves for long chunks).
 pub fn compress_launch(p: &CompressPlan) -> Launch {
+    let mtp = p.compress_ratio == 2 && cr2_runs_mtp(p.n as u64, p.num_reqs() as u64);
     compressor_launch(p, false, |shape| match shape {
         Cr2Items::Lone => compress_kernel(p.compress_ratio),
+        Cr2Items::Teams if mtp => "kv_compress_cr2_team_mtp",
         Cr2Items::Teams => "kv_compress_cr2_team",
+        Cr2Items::Pairs if mtp => "kv_compress_cr2_pair_mtp",
         Cr2Items::Pairs => "kv_compress_cr2_pair",
         Cr2Items::LoneHalves => "kv_compress_cr2_long",
     })
@@ -898,7 +931,9 @@ mod tests {
                 assert_eq!(k, format!("{}_tiles", insert_kernel(l)));
             }
         }
-        assert_eq!(KERNEL_NAMES.len(), 39);
+        assert!(KERNEL_NAMES.contains(&"kv_compress_cr2_team_mtp"));
+        assert!(KERNEL_NAMES.contains(&"kv_compress_cr2_pair_mtp"));
+        assert_eq!(KERNEL_NAMES.len(), 41);
         let mut names = KERNEL_NAMES.to_vec();
         names.sort_unstable();
         names.dedup();
@@ -1141,17 +1176,30 @@ mod tests {
             assert!(!screens(255, 255));
             assert!(screens(256, 256));
             assert!(screens(1 << 16, 1 << 16));
-            // At most one request in four with a second token.
+            // At most one request in four with a second token: from 512
+            // items.
             assert!(screens(1250, 1000));
-            assert!(!screens(1251, 1000));
-            assert!(!screens(2048, 1024));
-            // Other decode batches above the team limit, in plain
-            // compresses.
+            assert!(screens(260, 252));
+            assert!(!screens(256, 255));
+            // Other decode batches from 1536 items on, in plain
+            // compresses only.
+            assert_eq!(screens(1251, 1000), !fused);
+            assert_eq!(screens(2048, 1024), !fused);
             assert_eq!(screens(8000, 4000), !fused);
-            assert!(!screens(5000, 3000));
+            assert_eq!(screens(1024, 512), !fused);
+            assert!(!screens(1022, 511));
+            assert!(!screens(400, 300));
             // Never long chunks.
             assert!(!screens(4096, 4));
             assert!(!screens(1 << 16, 4));
         }
+        // The multi-token kernels: screened plain compresses that are not
+        // mostly one-token requests.
+        assert!(cr2_runs_mtp(1024, 512));
+        assert!(cr2_runs_mtp(1 << 16, 1 << 15));
+        assert!(!cr2_runs_mtp(1022, 511));
+        assert!(!cr2_runs_mtp(1 << 14, 1 << 14));
+        assert!(!cr2_runs_mtp(1250, 1000));
+        assert!(!cr2_runs_mtp(4096, 4));
     }
 }
