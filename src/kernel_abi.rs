@@ -709,14 +709,16 @@ pub fn cr2_screens_tokens(n: u64, num_reqs: u64, fused: bool) -> bool {
 }
 
 /// Plain compresses of decode batches with more multi-token requests
-/// screen their tokens from this many items on: there the request items
-/// also pool a two-token chunk's second token (`kv_cr2_owns_second` in the
-/// kernels), so the token blocks of speculative decode pool nothing either.
-/// H200, two tokens per request, unscreened (the token items pooling) /
-/// screened: 3.61 / 3.78 µs at 512 tokens (768 items), 5.75 / 5.52 at
-/// 1024, 9.79 / 8.74 at 2048, 16.92 / 15.09 at 4096, 33.98 / 29.49 at
-/// 8192, 65.14 / 55.10 at 16384, 239.5 / 209.1 at 65536. Fused launches
-/// were not measured with two-token requests and keep them unscreened.
+/// screen their tokens from this many items on, on the multi-token kernels
+/// ([`cr2_runs_mtp`]), whose request items also pool a two-token chunk's
+/// second token, so that the token blocks of speculative decode pool
+/// nothing either. H200, two tokens per request, unscreened at `4f13280`
+/// (the token items pooling) / screened at `41cf728`: 5.73 / 5.45 µs at
+/// 1024 tokens (1536 items), 9.75 / 8.88 at 2048, 16.87 / 14.71 at 4096,
+/// 34.06 / 27.78 at 8192, 65.25 / 52.60 at 16384, 239.98 / 204.48 at
+/// 65536; at 512 tokens (768 items) a development build of the same
+/// kernels, screened, took 3.78 against 3.61. Fused launches were not
+/// measured with two-token requests and keep them unscreened.
 pub const CR2_SCREEN_MIN_ITEMS_MULTI: u64 = 1536;
 
 /// Decode batches of at least this many items (requests plus tokens) screen
@@ -808,15 +810,12 @@ fn compressor_launch(
 /// runs teams or pairs, runs their multi-token kernels
 /// (`kv_compress_cr2_team_mtp`, `kv_compress_cr2_pair_mtp`): screened
 /// decode batches with more than one request in four holding several
-/// tokens. Their request items also pool a two-token chunk's second token,
-/// so that speculative decode (two tokens a request) reads each row once
-/// and its token blocks pool nothing. H200, two-token requests, at
-/// `4f13280` (the token items pooling) / with the request items pooling:
-/// 5.70 / 5.33 µs at 1024 tokens, 9.75 / 8.92 at 2048, 16.84 / 14.74 at
-/// 4096, 33.90 / 27.79 at 8192, 65.08 / 52.44 at 16384, 239.3 / 203.7 at
-/// 65536. (Built into every team kernel, the longer request item made
-/// one-token decode 3-10 % slower from 16 to 1024 tokens, hence kernels of
-/// their own.)
+/// tokens (see [`CR2_SCREEN_MIN_ITEMS_MULTI`] for the measurements). Their
+/// request items also pool a two-token chunk's second token, so that
+/// speculative decode (two tokens a request) reads each row once and its
+/// token blocks pool nothing. Built into every team kernel, the longer
+/// request item made one-token decode 3-10 % slower from 16 to 1024 tokens
+/// (H200), hence kernels of their own.
 pub fn cr2_runs_mtp(n: u64, num_reqs: u64) -> bool {
     cr2_screens_tokens(n, num_reqs, false) && !mostly_one_token(n, num_reqs)
 }

@@ -38,8 +38,9 @@
 //!
 //! Every launch validates its arguments with [`crate::ops`], builds the
 //! kernel's parameter block with [`crate::kernel_abi`], and calls
-//! `hipModuleLaunchKernel` in the shape [`geometry`] picks (small blocks at
-//! decode sizes) with the parameter block by value as the only kernel
+//! `hipModuleLaunchKernel` in the shape [`crate::kernel_abi`] picks (small
+//! blocks at decode sizes, and the CR2 teams' shared memory) with the
+//! parameter block by value as the only kernel
 //! argument, on the backend's stream (or the caller's, in the `*_raw`
 //! functions). Nothing is allocated and nothing waits inside a launch, so
 //! launches can be captured in a HIP graph ([`HipBackend::capture`]).
