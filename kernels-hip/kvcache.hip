@@ -943,16 +943,15 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         }
         if (older) kv_norm_emit<FUSED, LAYOUT>(c, ins, start, pos, tl.l, v);
     } else {
-        // The first token's row and the older row in one round trip. The
-        // first row is the newer half of the pooled group and, in a chunk no
-        // longer than the ring, a ring store: that one goes out from
-        // registers, after the older row's read.
-        // The pooled group's (older, newer) rows: the ring or prev_rows row
-        // and the first token's, or (own2) the first and the second token's.
-        // The rows' addresses are picked, not their values, so that one
-        // copy of the pooling and the norm serves both groups in the
-        // registers of one (a copy per group took gfx942's pair kernels
-        // from 50 to 84-90 VGPRs; selecting the values spilled on sm_90).
+        // The pooled group's (older, newer) rows in one round trip: the ring
+        // or prev_rows row and the first token's, or (own2) the first and
+        // the second token's. The rows' addresses are picked, not their
+        // values, so that one copy of the pooling and the norm serves both
+        // groups in the registers of one (a copy per group took gfx942's
+        // pair kernels from 50 to 84-90 VGPRs; selecting the values spilled
+        // on sm_90). The first row is also, in a chunk no longer than the
+        // ring, a ring store: that one goes out from registers, after the
+        // older row's read.
         const float* first_row = c.kv_score + (int64_t)start * c.kv_row_stride;
         KvRowPart<16 / TEAM> o, nw;
         kv_load_row_part<TEAM>(own2 ? first_row + c.kv_row_stride : first_row, tl, &nw);
@@ -974,7 +973,9 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         // it goes out from registers too.
         if (own2 && !has_prev) kv_ring_store_part<TEAM>(c, slot_s, tl, nw);
         // Group 0 goes on alone; the other groups are done with the pooling.
-        if (older || own2) kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw, pooled);
+        if (older || own2) {
+            kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw, pooled);
+        }
     }
     if (has_prev) return;
     // The team's other groups still copy their parts of the ring rows: they
