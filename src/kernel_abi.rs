@@ -549,7 +549,8 @@ pub const CR2_PAIR_GROUPS: u32 = 2;
 pub const CR2_TEAM_MAX_ITEMS: u64 = 8192;
 /// Decode batches up to this many items run in pairs, above it fused
 /// launches run lone groups (plain compresses of mostly one-token requests
-/// keep screened pairs, see [`cr2_item_shape`]). H200 at `0a44401`, one-token requests, teams / pairs / lone:
+/// keep screened pairs, see [`cr2_item_shape`]). H200 at `0a44401`,
+/// one-token requests, teams / pairs / lone:
 /// 32.95 / 29.89 / 33.37 µs at 8192 tokens (fused NVFP4 35.49 / 32.63 /
 /// 35.33), 64.75 / 56.55 / 58.59 at 16384 (fused NVFP4 70.31 / 63.05 /
 /// 62.40, BF16 68.61 / 61.85 / 62.42), 128.89 / 110.17 / 111.84 at 32768
@@ -682,8 +683,8 @@ fn mostly_one_token(n: u64, num_reqs: u64) -> bool {
 /// half, in pairs) of the token blocks. Chosen for decode batches of at
 /// least [`CR2_SCREEN_MIN_ITEMS`] items of mostly one-token requests, and
 /// for plain compresses of other decode batches of at least
-/// [`CR2_SCREEN_MIN_ITEMS_MULTI`] items (see [`cr2_item_shape`]). H200 (2026-12-01),
-/// one-token requests, `2533fa0` unscreened / `429936b` screened: 3.11 /
+/// [`CR2_SCREEN_MIN_ITEMS_MULTI`] items (see [`cr2_item_shape`]). H200
+/// (2026-12-01), one-token requests, `2533fa0` unscreened / `429936b` screened: 3.11 /
 /// 2.94 µs at 256 tokens (512 items), 4.20 / 3.68 at 512, 5.70 / 5.42 at
 /// 1024, 8.54 / 8.63 at 2048, 15.68 / 15.30 at 4096, 29.83 / 28.16 at 8192,
 /// 56.54 / 53.37 at 16384. A development build of the same token blocks
@@ -691,9 +692,9 @@ fn mostly_one_token(n: u64, num_reqs: u64) -> bool {
 /// tokens (256 items) 2.57 / 2.65 µs; two-token requests (speculative
 /// decode), whose second tokens pool in the token blocks one after the
 /// other, in teams or pairs, 3.61 / 3.88 µs at 512 tokens, 5.76 / 5.76 at
-/// 1024, 9.77 / 9.64 at 2048, 16.97 / 17.16 at 4096. The
-/// environment variable `DSV4_KVCACHE_CR2_SCREEN` (`0` or `1`) forces the
-/// choice for team and pair launches, for testing and benchmarking.
+/// 1024, 9.77 / 9.64 at 2048, 16.97 / 17.16 at 4096. The environment
+/// variable `DSV4_KVCACHE_CR2_SCREEN` (`0` or `1`) forces the choice for
+/// team and pair launches, for testing and benchmarking.
 pub fn cr2_screens_tokens(n: u64, num_reqs: u64, fused: bool) -> bool {
     static FORCED: OnceLock<Option<bool>> = OnceLock::new();
     let forced = forced_switch(&FORCED, "DSV4_KVCACHE_CR2_SCREEN");

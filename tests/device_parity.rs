@@ -20,8 +20,9 @@
 //! whose token blocks screen a token per group, as large decode batches
 //! run them; the cases' multi-token chunks then pool several tokens per
 //! block, and their plain compresses run the multi-token kernels,
-//! `kernel_abi::cr2_runs_mtp`) and with `DSV4_KVCACHE_INSERT_TILES=1` to check the kernels that
-//! larger launches use (the line printed says which ran).
+//! `kernel_abi::cr2_runs_mtp`) and with `DSV4_KVCACHE_INSERT_TILES=1` to
+//! check the kernels that larger launches use (the line printed says which
+//! ran).
 
 // Built without both GPU features, the device paths below are compiled out.
 #![cfg_attr(
