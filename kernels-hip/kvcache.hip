@@ -5,7 +5,10 @@
 // Work split: a token (or a CR2 request) is handled by a group of 32 lanes;
 // lane l owns dims [16 l, 16 l + 16) of a 512-vector (tile l). The
 // tile-major inserts at the end map a block's threads to tiles differently
-// (kv_tile_of_thread), and there the tile index plays the lane's part.
+// (kv_tile_of_thread), and there the tile index plays the lane's part; CR2
+// teams (kv_part_offset) and save_ring_rows, whose lanes move values that
+// no norm or record of theirs reads in place, give each group contiguous
+// bytes instead.
 // Lanes talk only through kv_shfl_xor (distances below 32) and kv_shfl_idx_u32 (a lane of the same
 // group), which stay inside an aligned 32-lane group on 32-lane warps and on
 // 64-lane wavefronts, so nothing here depends on the hardware's width. The
@@ -638,10 +641,10 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
 // A CR2 item's pooling (an exp and an IEEE division per dim) is a long
 // dependent chain per lane, and at decode sizes, with one item per SM, that
 // chain is most of the kernel's time. Small launches therefore give each item
-// a team of KV_CR2_TEAM groups (one block): lane l of group g pools the
-// KV_CR2_TEAM-th part of lane l's 16 dims, the pooled values meet in shared
-// memory, and group 0 norms and emits them exactly as a lone group does (the
-// sum order of the norm is unchanged). TEAM = 1 is the lone group.
+// a team of KV_CR2_TEAM groups (one block): each lane pools 16 / KV_CR2_TEAM
+// dims (kv_part_offset), the pooled values meet in shared memory, and group 0
+// norms and emits them exactly as a lone group does (the sum order of the
+// norm is unchanged). TEAM = 1 is the lone group.
 //
 // Mid-sized decode batches (thousands of one-token requests) run pairs of
 // groups instead: a block of 64 threads, one AMD wavefront, with half the
@@ -658,16 +661,21 @@ struct KvRowPart {
     float s[N];
 };
 
-// Where a team lane's part starts in a 512-dim half: lane l owns dims
-// [16 l, 16 l + 16), and group g of the team the g-th N of them.
+// A lane of a team: its group, and its lane in the group.
 struct KvTeamLane {
     unsigned g;  // group in the team
     unsigned l;  // lane in the group
 };
 
-template <int TEAM>
+// Where a team lane's part of N = 16 / TEAM dims starts in a 512-dim half.
+// Group g holds the g-th TEAM-th of the half, lane l the l-th N of that,
+// so that a group's loads and stores cover contiguous bytes. Only group 0's
+// norm needs lane l to hold dims [16 l, 16 l + 16), and it reads them from
+// the team's shared memory. NORM_ORDER: lane l's own 16 dims, group (here:
+// half) g the g-th N of them, for a lone group pooling by halves.
+template <int TEAM, bool NORM_ORDER = false>
 KV_DEVICE unsigned kv_part_offset(KvTeamLane tl) {
-    return 16u * tl.l + (16u / TEAM) * tl.g;
+    return NORM_ORDER ? 16u * tl.l + (16u / TEAM) * tl.g : (16u / TEAM) * tl.l + (512u / TEAM) * tl.g;
 }
 
 // Counts once per item (team lane 0).
@@ -675,16 +683,16 @@ KV_DEVICE void kv_team_count(unsigned* counters, int which, KvTeamLane tl) {
     if (tl.g == 0u) kv_count(counters, which, tl.l);
 }
 
-template <int TEAM>
+template <int TEAM, bool NORM_ORDER = false>
 KV_DEVICE void kv_load_row_part(const float* row, KvTeamLane tl, KvRowPart<16 / TEAM>* r) {
-    unsigned o = kv_part_offset<TEAM>(tl);
+    unsigned o = kv_part_offset<TEAM, NORM_ORDER>(tl);
     kv_loadNf<16 / TEAM>(row + o, r->kv);
     kv_loadNf<16 / TEAM>(row + 512 + o, r->s);
 }
 
-template <int TEAM>
+template <int TEAM, bool NORM_ORDER = false>
 KV_DEVICE void kv_store_row_part(float* row, KvTeamLane tl, const KvRowPart<16 / TEAM>& r) {
-    unsigned o = kv_part_offset<TEAM>(tl);
+    unsigned o = kv_part_offset<TEAM, NORM_ORDER>(tl);
     kv_storeNf<16 / TEAM>(row + o, r.kv);
     kv_storeNf<16 / TEAM>(row + 512 + o, r.s);
 }
@@ -764,8 +772,8 @@ KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInser
     for (unsigned h = 0; h < 2u; ++h) {
         const KvTeamLane hl = {h, lane};
         KvRowPart<8> o, n;
-        kv_load_row_part<2>(older, hl, &o);
-        kv_load_row_part<2>(newer, hl, &n);
+        kv_load_row_part<2, true>(older, hl, &o);
+        kv_load_row_part<2, true>(newer, hl, &n);
         kv_pool_part<8>(o, n, v + 8 * h);
     }
     kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, lane, v);
@@ -936,9 +944,9 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         for (unsigned h = 0; h < 2u; ++h) {
             const KvTeamLane hl = {h, tl.l};
             KvRowPart<8> f, o;
-            kv_load_row_part<2>(c.kv_score + (int64_t)start * c.kv_row_stride, hl, &f);
-            if (older) kv_load_row_part<2>(older, hl, &o);
-            if (ring_first) kv_store_row_part<2>(ring_first, hl, f);
+            kv_load_row_part<2, true>(c.kv_score + (int64_t)start * c.kv_row_stride, hl, &f);
+            if (older) kv_load_row_part<2, true>(older, hl, &o);
+            if (ring_first) kv_store_row_part<2, true>(ring_first, hl, f);
             if (older) kv_pool_part<8>(o, f, v + 8 * h);
         }
         if (older) kv_norm_emit<FUSED, LAYOUT>(c, ins, start, pos, tl.l, v);
@@ -1130,11 +1138,13 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRing
     }
     const float* src = p.rows + i * p.row_stride;
     float* dst = p.ring + blk * p.ring_block_stride + row * p.ring_row_stride;
-    float v[16];
-    kv_loadNf<16>(src + 16 * lane, v);
-    kv_storeNf<16>(dst + 16 * lane, v);
-    kv_loadNf<16>(src + 512 + 16 * lane, v);
-    kv_storeNf<16>(dst + 512 + 16 * lane, v);
+    // Lane l copies the row's 16-byte pieces l + 32 k, so that each of the
+    // group's loads and stores covers 512 contiguous bytes.
+    float v[8][4];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) kv_loadNf<4>(src + 4 * (lane + 32 * k), v[k]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) kv_storeNf<4>(dst + 4 * (lane + 32 * k), v[k]);
 }
 
 // Tile-major: a block's G tokens (G = its groups) as 28 G NoPE tiles, token
