@@ -1244,3 +1244,16 @@ KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_mxfp8, KV_LAYOUT_MXFP8)
 KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_nvfp4, KV_LAYOUT_NVFP4)
 KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_bf16, KV_LAYOUT_BF16)
 KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_fp8, KV_LAYOUT_FP8)
+
+// Fused launches of large decode batches with multi-token requests
+// (kv_compress_cr2_team_mtp's request items, with the insert).
+#define KV_FUSED_TEAM_MTP_KERNEL(name, LAYOUT)                                      \
+    KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void name(const KvFusedParams p) { \
+        kv_compress_cr2_team<true, LAYOUT, KV_CR2_TEAM, true>(p.c, &p.i);           \
+    }
+
+KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_v4, KV_LAYOUT_V4)
+KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_mxfp8, KV_LAYOUT_MXFP8)
+KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_nvfp4, KV_LAYOUT_NVFP4)
+KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_bf16, KV_LAYOUT_BF16)
+KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_fp8, KV_LAYOUT_FP8)

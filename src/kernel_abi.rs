@@ -73,6 +73,11 @@ pub const KERNEL_NAMES: &[&str] = &[
     "kv_fused_cr2_long_fp8",
     "kv_compress_cr2_team_mtp",
     "kv_compress_cr2_pair_mtp",
+    "kv_fused_cr2_team_mtp_v4",
+    "kv_fused_cr2_team_mtp_mxfp8",
+    "kv_fused_cr2_team_mtp_nvfp4",
+    "kv_fused_cr2_team_mtp_bf16",
+    "kv_fused_cr2_team_mtp_fp8",
 ];
 
 /// The insert kernel for a layout.
@@ -125,6 +130,12 @@ pub fn fused_pair_kernel(layout: RecordLayout) -> &'static str {
 /// ([`Cr2Items::LoneHalves`]).
 pub fn fused_long_kernel(layout: RecordLayout) -> &'static str {
     KERNEL_NAMES[34 + layout_index(layout)]
+}
+
+/// The fused CR2 team kernel for decode batches with multi-token requests
+/// ([`Cr2Shape::multi_token`]).
+pub fn fused_team_mtp_kernel(layout: RecordLayout) -> &'static str {
+    KERNEL_NAMES[41 + layout_index(layout)]
 }
 
 fn layout_index(layout: RecordLayout) -> usize {
@@ -486,7 +497,7 @@ pub struct Geometry {
     /// `block << log2 | thread / 32`).
     pub groups_log2: u32,
     /// CR2 teams and pairs: each token block covers one token per group
-    /// ([`cr2_screens_tokens`]).
+    /// ([`Cr2Shape::screen_tokens`]).
     pub screen_tokens: bool,
     /// Bytes of dynamic shared memory (LDS) per block: the CR2 team kernels'
     /// buffers, 0 for the others.
@@ -543,28 +554,36 @@ pub const CR2_TEAM_GROUPS: u32 = 4;
 pub const CR2_PAIR_GROUPS: u32 = 2;
 /// Decode batches (at least half the tokens start a chunk, so the request
 /// items carry the work, and a lone group's request item is the slowest) of
-/// at most this many items (requests plus tokens) run in teams of four.
-/// H200 at `0a44401`, one-token requests, teams / pairs / lone groups:
-/// 8.54 / 10.32 / 11.30 µs at 2048 tokens, 15.67 / 15.88 / 18.37 at 4096.
+/// mostly one-token requests up to this many items (requests plus tokens)
+/// run in teams of four, larger ones in pairs. H200 at `0a44401`, one-token
+/// requests, teams / pairs / lone groups: 8.54 / 10.32 / 11.30 µs at 2048
+/// tokens, 15.67 / 15.88 / 18.37 at 4096, 32.95 / 29.89 / 33.37 at 8192.
+/// With the coalesced team parts (2026-12-01), screened teams / pairs /
+/// lone groups: 27.80 / 25.90 / 33.46 µs at 8192 tokens, 110.01 / 96.29 /
+/// 111.26 at 32768, 219.87 / 189.82 / 215.92 at 65536; fused NVFP4 pairs
+/// against lone groups 107.94 / 112.26 at 32768 and 213.85 / 212.82 at
+/// 65536, fused V4 109.01 / 116.65 and 216.68 / 225.06.
 pub const CR2_TEAM_MAX_ITEMS: u64 = 8192;
-/// Decode batches up to this many items run in pairs, above it fused
-/// launches run lone groups (plain compresses of mostly one-token requests
-/// keep screened pairs, see [`cr2_item_shape`]). H200 at `0a44401`,
-/// one-token requests, teams / pairs / lone:
-/// 32.95 / 29.89 / 33.37 µs at 8192 tokens (fused NVFP4 35.49 / 32.63 /
-/// 35.33), 64.75 / 56.55 / 58.59 at 16384 (fused NVFP4 70.31 / 63.05 /
-/// 62.40, BF16 68.61 / 61.85 / 62.42), 128.89 / 110.17 / 111.84 at 32768
-/// (fused NVFP4 139.69 / 123.96 / 116.74).
-pub const CR2_PAIR_MAX_ITEMS: u64 = 32768;
-/// The team limit for launches of long chunks (prefill), where the token
-/// items carry the work: a team needs four warps per item, and once the
-/// teams outnumber what the GPU runs at once, lone groups win. H200 at
+/// Launches of long chunks (prefill), where the token items carry the
+/// work, run unscreened teams up to this many items (and screened teams up
+/// to [`CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS`]): a team needs four warps
+/// per item, and once the teams outnumber what the GPU runs at once, lone
+/// groups win. Before the screened teams and the coalesced team parts, H200 at
 /// `4a85862`, 4 requests: teams 2.47 µs against 3.35 at 16 tokens, a tie at
 /// 1024 (4.25 / 4.13), 5.36 against 4.33 at 2048, 14.67 against 12.51 at
 /// 8192. Pairs do not pay there: at `0a44401`, 4 requests of 2048 tokens,
 /// 5.99 µs against 4.39 lone; fused NVFP4 slower at every size to 32768.
 pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
-/// Launches of long chunks above the team limit and up to this many items
+/// Launches of long chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`] and up to
+/// this many items run screened teams: a token block covers four tokens
+/// and pools the two that close a group one after the other. H200
+/// (2026-12-01, coalesced team parts), 4 requests, unscreened teams /
+/// screened teams / lone groups, compress: 2.87 / 3.07 / 2.91 µs at 512
+/// tokens, 3.56 / 3.40 / 3.68 at 1024, 4.76 / 4.11 / 4.40 at 2048, 5.74 /
+/// 4.95 / 5.16 at 3072; fused NVFP4 4.45 / 4.23 / 4.51 at 1024, 6.01 / 5.06
+/// / 5.06 at 2048, 7.48 / 6.12 / 5.92 at 3072 (every layout alike).
+pub const CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 2560;
+/// Launches of long chunks above the screened-team limit and up to this many items
 /// run one-pass lone groups, above it lone groups pooling by halves
 /// ([`Cr2Items::LoneHalves`], four blocks per SM). H200 at `4d6752c`, 4
 /// requests, one-pass / halves, compress (fused NVFP4): 3.68 / 3.80 µs
@@ -588,60 +607,98 @@ pub enum Cr2Items {
     LoneHalves,
 }
 
-/// The item shape of a CR2 launch of `n` tokens in `num_reqs` requests. At
-/// decode sizes a lone group's pooling chain is most of the kernel time,
-/// and a team splits it four ways; mid-sized decode batches run pairs, which
-/// leave fewer lanes idle while group 0 norms and emits; large launches have
-/// items enough to hide the chain (see [`CR2_TEAM_MAX_ITEMS`],
-/// [`CR2_PAIR_MAX_ITEMS`] and [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]); above
-/// [`CR2_LONE_MAX_ITEMS_LONG_CHUNKS`] long chunks run lone groups pooling
-/// by halves, which fit more groups on an SM, while decode batches keep the
-/// one-pass lone groups, whose request items (a ring row read and a ring
-/// store each) were slower at more blocks per SM (one-token requests at
-/// 65536 tokens: 217.0 against 235.4 µs on halves).
+/// How a CR2 launch runs, decided once per launch by [`cr2_shape`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cr2Shape {
+    /// Groups per item.
+    pub items: Cr2Items,
+    /// Teams or pairs whose token blocks check a token per group
+    /// (`kv_cr2_token_block`): a block per request, and one per
+    /// [`CR2_TEAM_GROUPS`] (or [`CR2_PAIR_GROUPS`]) tokens.
+    pub screen_tokens: bool,
+    /// The multi-token kernels (`kv_compress_cr2_team_mtp`,
+    /// `kv_compress_cr2_pair_mtp`, `kv_fused_cr2_team_mtp_*`), whose request
+    /// items also pool a two-token chunk's second token (`kv_cr2_owns_second`
+    /// in the kernels).
+    pub multi_token: bool,
+}
+
+/// The shape of a CR2 launch of `n` tokens in `num_reqs` requests (`fused`:
+/// of `fused_compress_insert`).
 ///
-/// `fused`: the launch is `fused_compress_insert`. A plain compress of a
-/// large decode batch screens its tokens ([`cr2_screens_tokens`]) and then
-/// keeps the team kernels: pairs for batches of mostly one-token requests
-/// above [`CR2_PAIR_MAX_ITEMS`] too, teams for other decode batches above
-/// [`CR2_TEAM_MAX_ITEMS`]. H200 (2026-12-01, at `429936b`), one-token
-/// requests, lone groups / screened pairs: 111.3 / 104.0 µs at 32768
-/// tokens, 217.1 / 205.5 at 65536 (fused NVFP4 113.0 / 114.1 and 214.5 /
-/// 225.1: fused launches keep the lone groups); two-token requests,
-/// unscreened pairs or lone groups / screened teams: 35.7 / 34.0 µs at
-/// 8192 tokens, 69.0 / 65.2 at 16384, 135.6 / 123.4 at 32768, 267.6 /
-/// 239.9 at 65536.
+/// Items: at decode sizes a lone group's pooling chain is most of the
+/// kernel time, and a team splits it four ways. Decode batches (at least
+/// half the tokens start a chunk) of mostly one-token requests run teams up
+/// to [`CR2_TEAM_MAX_ITEMS`], then pairs, which leave fewer lanes idle while
+/// group 0 norms and emits; other decode batches (speculative decode) run
+/// teams. Long chunks (prefill) run teams up to
+/// [`CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS`], lone groups up to
+/// [`CR2_LONE_MAX_ITEMS_LONG_CHUNKS`], then lone groups pooling by halves,
+/// which fit more groups on an SM. H200 (2026-12-01, coalesced team parts),
+/// two-token requests, screened teams / screened pairs / unscreened teams /
+/// lone groups, compress: 21.40 / 23.03 / 31.44 / 35.77 µs at 8192 tokens,
+/// 161.26 / 162.67 / 242.81 / 266.83 at 65536; fused NVFP4 32.70 / 33.48 /
+/// 34.84 / 38.64 at 8192, 236.72 / 239.16 / 261.08 / 280.00 at 65536.
 ///
-/// The environment variable `DSV4_KVCACHE_CR2_TEAMS` forces the choice, for
-/// testing and benchmarking: `0` lone groups, `1` teams, `2` pairs, `3`
-/// lone groups by halves.
-pub fn cr2_item_shape(n: u64, num_reqs: u64, fused: bool) -> Cr2Items {
-    static FORCED: OnceLock<Option<Cr2Items>> = OnceLock::new();
-    let forced = *FORCED.get_or_init(
-        || match std::env::var("DSV4_KVCACHE_CR2_TEAMS").as_deref() {
-            Ok("0") => Some(Cr2Items::Lone),
-            Ok("1") => Some(Cr2Items::Teams),
-            Ok("2") => Some(Cr2Items::Pairs),
-            Ok("3") => Some(Cr2Items::LoneHalves),
-            _ => None,
-        },
-    );
+/// Screening ([`Cr2Shape::screen_tokens`]), in teams and pairs: decode
+/// batches of mostly one-token requests from [`CR2_SCREEN_MIN_ITEMS`] items,
+/// other decode batches from [`CR2_SCREEN_MIN_ITEMS_MULTI`] items, long
+/// chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]; a decode batch's token
+/// items mostly pool nothing, and a screened launch runs a quarter (a half,
+/// in pairs) of the token blocks. Screened launches that are not mostly
+/// one-token requests run the multi-token kernels
+/// ([`Cr2Shape::multi_token`]; fused launches have them in teams only), so
+/// that a two-token chunk's rows are read once and its token block pools
+/// nothing.
+///
+/// The environment variables `DSV4_KVCACHE_CR2_TEAMS` (`0` lone groups, `1`
+/// teams, `2` pairs, `3` lone groups by halves) and `DSV4_KVCACHE_CR2_SCREEN`
+/// (`0` or `1`, for teams and pairs) force the choices, for testing and
+/// benchmarking.
+pub fn cr2_shape(n: u64, num_reqs: u64, fused: bool) -> Cr2Shape {
+    static FORCED_ITEMS: OnceLock<Option<Cr2Items>> = OnceLock::new();
+    static FORCED_SCREEN: OnceLock<Option<bool>> = OnceLock::new();
+    let forced_items =
+        *FORCED_ITEMS.get_or_init(
+            || match std::env::var("DSV4_KVCACHE_CR2_TEAMS").as_deref() {
+                Ok("0") => Some(Cr2Items::Lone),
+                Ok("1") => Some(Cr2Items::Teams),
+                Ok("2") => Some(Cr2Items::Pairs),
+                Ok("3") => Some(Cr2Items::LoneHalves),
+                _ => None,
+            },
+        );
     let items = n + num_reqs;
-    forced.unwrap_or(if 2 * num_reqs >= n {
-        if items <= CR2_TEAM_MAX_ITEMS || (!fused && !mostly_one_token(n, num_reqs)) {
-            Cr2Items::Teams
-        } else if items <= CR2_PAIR_MAX_ITEMS || !fused {
+    let decode = 2 * num_reqs >= n;
+    let one_token = mostly_one_token(n, num_reqs);
+    let shape = forced_items.unwrap_or(if decode {
+        if one_token && items > CR2_TEAM_MAX_ITEMS {
             Cr2Items::Pairs
         } else {
-            Cr2Items::Lone
+            Cr2Items::Teams
         }
-    } else if items <= CR2_TEAM_MAX_ITEMS_LONG_CHUNKS {
+    } else if items <= CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS {
         Cr2Items::Teams
     } else if items <= CR2_LONE_MAX_ITEMS_LONG_CHUNKS {
         Cr2Items::Lone
     } else {
         Cr2Items::LoneHalves
-    })
+    });
+    let teams = matches!(shape, Cr2Items::Teams | Cr2Items::Pairs);
+    let screen = if !decode {
+        items > CR2_TEAM_MAX_ITEMS_LONG_CHUNKS
+    } else if one_token {
+        items >= CR2_SCREEN_MIN_ITEMS
+    } else {
+        items >= CR2_SCREEN_MIN_ITEMS_MULTI
+    };
+    let screen_tokens =
+        teams && forced_switch(&FORCED_SCREEN, "DSV4_KVCACHE_CR2_SCREEN").unwrap_or(screen);
+    Cr2Shape {
+        items: shape,
+        screen_tokens,
+        multi_token: screen_tokens && !one_token && (shape == Cr2Items::Teams || !fused),
+    }
 }
 
 /// Shape of a team launch: one block of `groups` groups per item.
@@ -676,54 +733,29 @@ fn mostly_one_token(n: u64, num_reqs: u64) -> bool {
     4 * n <= 5 * num_reqs
 }
 
-/// Whether a CR2 launch of `n` tokens in `num_reqs` requests, in teams or
-/// pairs, screens its tokens: a token block then checks one token per group
-/// and pools those that close a group one after the other, so a decode
-/// batch, whose token items mostly pool nothing, launches a quarter (a
-/// half, in pairs) of the token blocks. Chosen for decode batches of at
-/// least [`CR2_SCREEN_MIN_ITEMS`] items of mostly one-token requests, and
-/// for plain compresses of other decode batches of at least
-/// [`CR2_SCREEN_MIN_ITEMS_MULTI`] items (see [`cr2_item_shape`]). H200
-/// (2026-12-01), one-token requests, `2533fa0` unscreened / `429936b` screened: 3.11 /
-/// 2.94 µs at 256 tokens (512 items), 4.20 / 3.68 at 512, 5.70 / 5.42 at
-/// 1024, 8.54 / 8.63 at 2048, 15.68 / 15.30 at 4096, 29.83 / 28.16 at 8192,
-/// 56.54 / 53.37 at 16384. A development build of the same token blocks
-/// (in static shared memory) gave the rest: one-token requests at 128
-/// tokens (256 items) 2.57 / 2.65 µs; two-token requests (speculative
-/// decode), whose second tokens pool in the token blocks one after the
-/// other, in teams or pairs, 3.61 / 3.88 µs at 512 tokens, 5.76 / 5.76 at
-/// 1024, 9.77 / 9.64 at 2048, 16.97 / 17.16 at 4096. The environment
-/// variable `DSV4_KVCACHE_CR2_SCREEN` (`0` or `1`) forces the choice for
-/// team and pair launches, for testing and benchmarking.
-pub fn cr2_screens_tokens(n: u64, num_reqs: u64, fused: bool) -> bool {
-    static FORCED: OnceLock<Option<bool>> = OnceLock::new();
-    let forced = forced_switch(&FORCED, "DSV4_KVCACHE_CR2_SCREEN");
-    let items = n + num_reqs;
-    forced.unwrap_or(
-        2 * num_reqs >= n
-            && if mostly_one_token(n, num_reqs) {
-                items >= CR2_SCREEN_MIN_ITEMS
-            } else {
-                !fused && items >= CR2_SCREEN_MIN_ITEMS_MULTI
-            },
-    )
-}
-
 /// Plain compresses of decode batches with more multi-token requests
 /// screen their tokens from this many items on, on the multi-token kernels
-/// ([`cr2_runs_mtp`]), whose request items also pool a two-token chunk's
+/// ([`Cr2Shape::multi_token`]), whose request items also pool a two-token chunk's
 /// second token, so that the token blocks of speculative decode pool
 /// nothing either. H200, two tokens per request, unscreened at `4f13280`
 /// (the token items pooling) / screened at `41cf728`: 5.73 / 5.45 µs at
 /// 1024 tokens (1536 items), 9.75 / 8.88 at 2048, 16.87 / 14.71 at 4096,
 /// 34.06 / 27.78 at 8192, 65.25 / 52.60 at 16384, 239.98 / 204.48 at
 /// 65536; at 512 tokens (768 items) a development build of the same
-/// kernels, screened, took 3.78 against 3.61. Fused launches were not
-/// measured with two-token requests and keep them unscreened.
+/// kernels, screened, took 3.78 against 3.61. Fused launches, with
+/// multi-token team kernels of their own (2026-12-01, coalesced team
+/// parts), NVFP4 unscreened / screened: 3.02 / 3.47 µs at 16 tokens, 4.91 /
+/// 4.63 at 1024, 8.26 / 6.31 at 2048, 13.67 / 10.49 at 4096, 34.87 / 25.07
+/// at 8192 (V4 and BF16 within 0.1 µs of these from 1024 tokens).
 pub const CR2_SCREEN_MIN_ITEMS_MULTI: u64 = 1536;
 
-/// Decode batches of at least this many items (requests plus tokens) screen
-/// their tokens ([`cr2_screens_tokens`]).
+/// Decode batches of mostly one-token requests screen their tokens from
+/// this many items (requests plus tokens) on ([`cr2_shape`]). H200
+/// (2026-12-01), one-token requests, `2533fa0` unscreened / `429936b`
+/// screened: 3.11 / 2.94 µs at 256 tokens (512 items), 4.20 / 3.68 at 512,
+/// 5.70 / 5.42 at 1024, 8.54 / 8.63 at 2048, 15.68 / 15.30 at 4096, 29.83 /
+/// 28.16 at 8192, 56.54 / 53.37 at 16384; a development build gave 2.57 /
+/// 2.65 µs at 128 tokens (256 items).
 pub const CR2_SCREEN_MIN_ITEMS: u64 = 512;
 
 /// A kernel and the shape to launch it in.
@@ -776,22 +808,26 @@ pub fn ring_rows_launch(p: &RingRowsPlan) -> Launch {
 }
 
 /// The launch of a compress plan's items (`fused`: of a fused plan): the
-/// item shape by [`cr2_item_shape`] for CR2 (one group per item for CR1),
-/// and `kernel`, the op's kernel for that shape.
+/// shape by [`cr2_shape`] for CR2 (one group per item for CR1), and
+/// `kernel`, the op's kernel for that shape.
 fn compressor_launch(
     p: &CompressPlan,
     fused: bool,
-    kernel: impl Fn(Cr2Items) -> &'static str,
+    kernel: impl Fn(Cr2Shape) -> &'static str,
 ) -> Launch {
     let items = compress_items(p);
     let (n, reqs) = (p.n as u64, p.num_reqs() as u64);
     let shape = if p.compress_ratio == 2 {
-        cr2_item_shape(n, reqs, fused)
+        cr2_shape(n, reqs, fused)
     } else {
-        Cr2Items::Lone
+        Cr2Shape {
+            items: Cr2Items::Lone,
+            screen_tokens: false,
+            multi_token: false,
+        }
     };
     let team = |groups| {
-        if cr2_screens_tokens(n, reqs, fused) {
+        if shape.screen_tokens {
             screened_team_geometry(n, reqs, groups)
         } else {
             team_geometry(items, groups)
@@ -799,7 +835,7 @@ fn compressor_launch(
     };
     Launch {
         kernel: kernel(shape),
-        geometry: match shape {
+        geometry: match shape.items {
             Cr2Items::Lone | Cr2Items::LoneHalves => geometry(items),
             Cr2Items::Teams => team(CR2_TEAM_GROUPS),
             Cr2Items::Pairs => team(CR2_PAIR_GROUPS),
@@ -807,31 +843,16 @@ fn compressor_launch(
     }
 }
 
-/// Whether a plain CR2 compress of `n` tokens in `num_reqs` requests, if it
-/// runs teams or pairs, runs their multi-token kernels
-/// (`kv_compress_cr2_team_mtp`, `kv_compress_cr2_pair_mtp`): screened
-/// decode batches with more than one request in four holding several
-/// tokens (see [`CR2_SCREEN_MIN_ITEMS_MULTI`] for the measurements). Their
-/// request items also pool a two-token chunk's second token, so that
-/// speculative decode (two tokens a request) reads each row once and its
-/// token blocks pool nothing. Built into every team kernel, the longer
-/// request item made one-token decode 3-10 % slower from 16 to 1024 tokens
-/// (H200), hence kernels of their own.
-pub fn cr2_runs_mtp(n: u64, num_reqs: u64) -> bool {
-    cr2_screens_tokens(n, num_reqs, false) && !mostly_one_token(n, num_reqs)
-}
-
 /// The launch of a compress plan (CR2 in teams or pairs at decode sizes,
 /// by halves for long chunks).
 pub fn compress_launch(p: &CompressPlan) -> Launch {
-    let mtp = p.compress_ratio == 2 && cr2_runs_mtp(p.n as u64, p.num_reqs() as u64);
-    compressor_launch(p, false, |shape| match shape {
-        Cr2Items::Lone => compress_kernel(p.compress_ratio),
-        Cr2Items::Teams if mtp => "kv_compress_cr2_team_mtp",
-        Cr2Items::Teams => "kv_compress_cr2_team",
-        Cr2Items::Pairs if mtp => "kv_compress_cr2_pair_mtp",
-        Cr2Items::Pairs => "kv_compress_cr2_pair",
-        Cr2Items::LoneHalves => "kv_compress_cr2_long",
+    compressor_launch(p, false, |shape| match (shape.items, shape.multi_token) {
+        (Cr2Items::Lone, _) => compress_kernel(p.compress_ratio),
+        (Cr2Items::Teams, true) => "kv_compress_cr2_team_mtp",
+        (Cr2Items::Teams, false) => "kv_compress_cr2_team",
+        (Cr2Items::Pairs, true) => "kv_compress_cr2_pair_mtp",
+        (Cr2Items::Pairs, false) => "kv_compress_cr2_pair",
+        (Cr2Items::LoneHalves, _) => "kv_compress_cr2_long",
     })
 }
 
@@ -839,11 +860,14 @@ pub fn compress_launch(p: &CompressPlan) -> Launch {
 /// halves for long chunks).
 pub fn fused_launch(p: &FusedPlan) -> Launch {
     let layout = p.insert.cache.layout;
-    compressor_launch(&p.compress, true, |shape| match shape {
-        Cr2Items::Lone => fused_kernel(p.compress.compress_ratio, layout),
-        Cr2Items::Teams => fused_team_kernel(layout),
-        Cr2Items::Pairs => fused_pair_kernel(layout),
-        Cr2Items::LoneHalves => fused_long_kernel(layout),
+    compressor_launch(&p.compress, true, |shape| {
+        match (shape.items, shape.multi_token) {
+            (Cr2Items::Lone, _) => fused_kernel(p.compress.compress_ratio, layout),
+            (Cr2Items::Teams, true) => fused_team_mtp_kernel(layout),
+            (Cr2Items::Teams, false) => fused_team_kernel(layout),
+            (Cr2Items::Pairs, _) => fused_pair_kernel(layout),
+            (Cr2Items::LoneHalves, _) => fused_long_kernel(layout),
+        }
     })
 }
 
@@ -926,6 +950,10 @@ mod tests {
             assert!(KERNEL_NAMES.contains(&fused_pair_kernel(l)));
             assert_eq!(fused_pair_kernel(l), format!("kv_fused_cr2_pair_{suffix}"));
             assert_eq!(fused_long_kernel(l), format!("kv_fused_cr2_long_{suffix}"));
+            assert_eq!(
+                fused_team_mtp_kernel(l),
+                format!("kv_fused_cr2_team_mtp_{suffix}")
+            );
             if let Some(k) = insert_tiles_kernel(l) {
                 assert!(KERNEL_NAMES.contains(&k));
                 assert_eq!(k, format!("{}_tiles", insert_kernel(l)));
@@ -933,7 +961,7 @@ mod tests {
         }
         assert!(KERNEL_NAMES.contains(&"kv_compress_cr2_team_mtp"));
         assert!(KERNEL_NAMES.contains(&"kv_compress_cr2_pair_mtp"));
-        assert_eq!(KERNEL_NAMES.len(), 41);
+        assert_eq!(KERNEL_NAMES.len(), 46);
         let mut names = KERNEL_NAMES.to_vec();
         names.sort_unstable();
         names.dedup();
@@ -1009,7 +1037,7 @@ mod tests {
     #[test]
     fn team_launches_are_one_block_of_whole_wavefronts_per_item() {
         for groups in [CR2_TEAM_GROUPS, CR2_PAIR_GROUPS] {
-            for items in [1u64, 2, 33, CR2_PAIR_MAX_ITEMS] {
+            for items in [1u64, 2, 33, 1 << 20] {
                 let g = team_geometry(items, groups);
                 assert_eq!(g.grid as u64, items);
                 assert_eq!(g.block_threads, GROUP_LANES * groups);
@@ -1024,32 +1052,30 @@ mod tests {
         }
         use Cr2Items::*;
         for fused in [false, true] {
-            // Decode batches of one-token requests: teams, then pairs; above
-            // the pair limit fused launches run lone groups.
-            let one_token = |t: u64| cr2_item_shape(t, t, fused);
+            let items = |n, reqs| cr2_shape(n, reqs, fused).items;
+            // Decode batches of one-token requests: teams, then pairs.
+            let one_token = |t: u64| items(t, t);
             assert_eq!(one_token(1), Teams);
             assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2), Teams);
             assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2 + 1), Pairs);
-            assert_eq!(one_token(CR2_PAIR_MAX_ITEMS / 2), Pairs);
-            let big = if fused { Lone } else { Pairs };
-            assert_eq!(one_token(CR2_PAIR_MAX_ITEMS / 2 + 1), big);
-            assert_eq!(one_token(1 << 16), big);
-            // Half the tokens start a chunk: still a decode batch, whose
-            // plain compresses stay in teams.
-            assert_eq!(cr2_item_shape(4000, 2000, fused), Teams);
-            let two_token = if fused { Pairs } else { Teams };
-            assert_eq!(cr2_item_shape(8000, 4000, fused), two_token);
-            let two_token = if fused { Lone } else { Teams };
-            assert_eq!(cr2_item_shape(1 << 16, 1 << 15, fused), two_token);
-            // Long chunks: teams up to their limit, then lone groups, then
-            // lone groups by halves; never pairs.
-            assert_eq!(cr2_item_shape(16, 4, fused), Teams);
-            assert_eq!(cr2_item_shape(1020, 4, fused), Teams);
-            assert_eq!(cr2_item_shape(1021, 4, fused), Lone);
-            assert_eq!(cr2_item_shape(3068, 4, fused), Lone);
-            assert_eq!(cr2_item_shape(3069, 4, fused), LoneHalves);
-            assert_eq!(cr2_item_shape(4000, 1999, fused), LoneHalves);
-            assert_eq!(cr2_item_shape(16384, 4, fused), LoneHalves);
+            assert_eq!(one_token(1 << 16), Pairs);
+            assert_eq!(items(5000, 4000), Pairs);
+            // Other decode batches (half the tokens start a chunk): teams
+            // at every size.
+            assert_eq!(items(4000, 2000), Teams);
+            assert_eq!(items(8000, 4000), Teams);
+            assert_eq!(items(1 << 16, 1 << 15), Teams);
+            // Long chunks: teams (screened above 1024 items) up to their
+            // limit, then lone groups, then lone groups by halves; never
+            // pairs.
+            assert_eq!(items(16, 4), Teams);
+            assert_eq!(items(1020, 4), Teams);
+            assert_eq!(items(2556, 4), Teams);
+            assert_eq!(items(2557, 4), Lone);
+            assert_eq!(items(3068, 4), Lone);
+            assert_eq!(items(3069, 4), LoneHalves);
+            assert_eq!(items(4000, 1999), LoneHalves);
+            assert_eq!(items(16384, 4), LoneHalves);
         }
     }
 
@@ -1166,12 +1192,16 @@ mod tests {
             assert_eq!(team_geometry(7, groups).shared_bytes, CR2_POOLED_BYTES);
         }
         assert_eq!(geometry(7).shared_bytes, 0);
-        if std::env::var_os("DSV4_KVCACHE_CR2_SCREEN").is_some() {
-            eprintln!("DSV4_KVCACHE_CR2_SCREEN is set: the default choice is not checked");
+        if std::env::var_os("DSV4_KVCACHE_CR2_SCREEN").is_some()
+            || std::env::var_os("DSV4_KVCACHE_CR2_TEAMS").is_some()
+        {
+            eprintln!(
+                "DSV4_KVCACHE_CR2_SCREEN or _TEAMS is set: the default choice is not checked"
+            );
             return;
         }
         for fused in [false, true] {
-            let screens = |n, reqs| cr2_screens_tokens(n, reqs, fused);
+            let screens = |n, reqs| cr2_shape(n, reqs, fused).screen_tokens;
             // One-token requests from 512 items (256 tokens) on.
             assert!(!screens(255, 255));
             assert!(screens(256, 256));
@@ -1181,25 +1211,41 @@ mod tests {
             assert!(screens(1250, 1000));
             assert!(screens(260, 252));
             assert!(!screens(256, 255));
-            // Other decode batches from 1536 items on, in plain
-            // compresses only.
-            assert_eq!(screens(1251, 1000), !fused);
-            assert_eq!(screens(2048, 1024), !fused);
-            assert_eq!(screens(8000, 4000), !fused);
-            assert_eq!(screens(1024, 512), !fused);
+            // Other decode batches from 1536 items on.
+            assert!(screens(1251, 1000));
+            assert!(screens(1024, 512));
+            assert!(screens(2048, 1024));
+            assert!(screens(8000, 4000));
             assert!(!screens(1022, 511));
             assert!(!screens(400, 300));
-            // Never long chunks.
+            // Long chunks in screened teams above 1024 items, up to 2560;
+            // lone groups never screen.
+            assert!(!screens(1020, 4));
+            assert!(screens(1021, 4));
+            assert!(screens(2556, 4));
+            assert!(!screens(2557, 4));
             assert!(!screens(4096, 4));
             assert!(!screens(1 << 16, 4));
         }
-        // The multi-token kernels: screened plain compresses that are not
-        // mostly one-token requests.
-        assert!(cr2_runs_mtp(1024, 512));
-        assert!(cr2_runs_mtp(1 << 16, 1 << 15));
-        assert!(!cr2_runs_mtp(1022, 511));
-        assert!(!cr2_runs_mtp(1 << 14, 1 << 14));
-        assert!(!cr2_runs_mtp(1250, 1000));
-        assert!(!cr2_runs_mtp(4096, 4));
+        // The multi-token kernels: screened launches that are not mostly
+        // one-token requests (fused ones in teams).
+        for fused in [false, true] {
+            let mtp = |n, reqs| cr2_shape(n, reqs, fused).multi_token;
+            assert!(mtp(1024, 512));
+            assert!(mtp(1 << 16, 1 << 15));
+            assert!(mtp(2048, 4));
+            assert!(!mtp(1022, 511));
+            assert!(!mtp(1 << 14, 1 << 14));
+            assert!(!mtp(1250, 1000));
+            assert!(!mtp(4096, 4));
+        }
+        // Lone groups never screen, whatever is asked.
+        for (n, reqs) in [(1u64, 1u64), (1 << 16, 4), (2000, 1500), (1 << 16, 1 << 16)] {
+            for fused in [false, true] {
+                let s = cr2_shape(n, reqs, fused);
+                assert!(matches!(s.items, Cr2Items::Teams | Cr2Items::Pairs) || !s.screen_tokens);
+                assert!(s.screen_tokens || !s.multi_token);
+            }
+        }
     }
 }

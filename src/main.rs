@@ -1773,10 +1773,11 @@ impl Job for BenchJob {
             }
         }
 
-        // Fused compress + insert vs the two calls: at decode sizes, then at
-        // the prefill sizes asked for (1024 tokens and up), where CR2 also
-        // runs as a few long requests and, above the team threshold, on the
-        // one-group fused kernels.
+        // Fused compress + insert vs the two calls: at decode sizes (CR2 as
+        // one-token requests, and from 16 tokens as two-token requests, i.e.
+        // speculative decode), then at the prefill sizes asked for (1024
+        // tokens and up), where CR2 also runs as a few long requests and,
+        // above the team threshold, on the one-group fused kernels.
         println!();
         println!("fused compress + insert vs the two separate calls:");
         println!("| case | layout | T | fused µs | compress + insert µs | fused saves |");
@@ -1788,6 +1789,9 @@ impl Job for BenchJob {
             .collect();
         for t in fused_sizes {
             let mut cases = vec![("CR1", 1u32, 1usize), ("CR2, T one-token requests", 2, t)];
+            if t >= 16 {
+                cases.push(("CR2, T/2 two-token requests", 2, t / 2));
+            }
             if t >= 1024 {
                 cases.push(("CR2, 4 requests of T/4", 2, 4));
             }

@@ -12,15 +12,16 @@
 //! (default 8: 336 kinds x 4 mixes x 8 = 10,752 random cases).
 //!
 //! The cases are decode-sized, so CR2 runs on the team kernels
-//! (`kernel_abi::cr2_item_shape`) and CR1 inserts a token per group
+//! (`kernel_abi::cr2_shape`) and CR1 inserts a token per group
 //! (`kernel_abi::insert_uses_tiles`); run again with
 //! `DSV4_KVCACHE_CR2_TEAMS=0` (lone groups), `DSV4_KVCACHE_CR2_TEAMS=2`
 //! (pairs), `DSV4_KVCACHE_CR2_TEAMS=3` (lone groups by halves, the
 //! long-chunk kernels), with `DSV4_KVCACHE_CR2_SCREEN=1` (teams or pairs
 //! whose token blocks screen a token per group, as large decode batches
 //! run them; the cases' multi-token chunks then pool several tokens per
-//! block, and their plain compresses run the multi-token kernels,
-//! `kernel_abi::cr2_runs_mtp`) and with `DSV4_KVCACHE_INSERT_TILES=1` to
+//! block, and their compresses run the multi-token kernels, plain and
+//! fused in teams, plain in pairs, `kernel_abi::Cr2Shape::multi_token`) and
+//! with `DSV4_KVCACHE_INSERT_TILES=1` to
 //! check the kernels that larger launches use (the line printed says which
 //! ran).
 
@@ -116,16 +117,18 @@ fn check_backend<B: Backend>(dev: &mut B) {
         dev.name(),
         all.len(),
         bad.len(),
-        match (
-            dsv4_kvcache::kernel_abi::cr2_item_shape(1, 1, false),
-            dsv4_kvcache::kernel_abi::cr2_screens_tokens(1, 1, false),
-        ) {
-            (dsv4_kvcache::kernel_abi::Cr2Items::Teams, false) => "teams",
-            (dsv4_kvcache::kernel_abi::Cr2Items::Teams, true) => "teams, tokens screened",
-            (dsv4_kvcache::kernel_abi::Cr2Items::Pairs, false) => "pairs",
-            (dsv4_kvcache::kernel_abi::Cr2Items::Pairs, true) => "pairs, tokens screened",
-            (dsv4_kvcache::kernel_abi::Cr2Items::Lone, _) => "one group per item",
-            (dsv4_kvcache::kernel_abi::Cr2Items::LoneHalves, _) => "one group per item, by halves",
+        {
+            use dsv4_kvcache::kernel_abi::{cr2_shape, Cr2Items};
+            // A one-token decode step, and whatever the environment forces.
+            let s = cr2_shape(1, 1, false);
+            match (s.items, s.screen_tokens) {
+                (Cr2Items::Teams, false) => "teams",
+                (Cr2Items::Teams, true) => "teams, tokens screened",
+                (Cr2Items::Pairs, false) => "pairs",
+                (Cr2Items::Pairs, true) => "pairs, tokens screened",
+                (Cr2Items::Lone, _) => "one group per item",
+                (Cr2Items::LoneHalves, _) => "one group per item, by halves",
+            }
         },
         if dsv4_kvcache::kernel_abi::insert_uses_tiles(1, 1) {
             "tile-major where the layout has it"
