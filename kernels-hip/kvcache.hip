@@ -646,10 +646,10 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
 // norms and emits them exactly as a lone group does (the sum order of the
 // norm is unchanged). TEAM = 1 is the lone group.
 //
-// Mid-sized decode batches (thousands of one-token requests) run pairs of
-// groups instead: a block of 64 threads, one AMD wavefront, with half the
-// idle lanes of a team of four while group 0 norms and emits, so more items
-// run at once (see kernel_abi::cr2_item_shape for the measured ranges).
+// Large decode batches of one-token requests run pairs of groups instead:
+// a block of 64 threads, one AMD wavefront, with half the idle lanes of a
+// team of four while group 0 norms and emits, so more items run at once
+// (see kernel_abi::cr2_shape for the measured ranges).
 
 #define KV_CR2_TEAM 4
 #define KV_CR2_PAIR 2
@@ -1097,7 +1097,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2(const KvCompre
 }
 
 // Long chunks (prefill): lone groups pooling by halves, at four blocks per
-// SM on sm_90 (kernel_abi::cr2_item_shape picks it above 3072 items when
+// SM on sm_90 (kernel_abi::cr2_shape picks it above 3072 items when
 // fewer than half the tokens start a chunk).
 KV_KERNEL KV_LAUNCH_BOUNDS_4(KV_BLOCK_THREADS) void kv_compress_cr2_long(const KvCompressParams c) {
     kv_compress<false, 0, true>(c, 0, 2);
