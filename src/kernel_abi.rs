@@ -578,13 +578,14 @@ pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
 /// this many items run screened teams: a token block covers four tokens
 /// and pools the two that close a group one after the other. H200
 /// (2026-12-01, coalesced team parts), 4 requests, unscreened teams /
-/// screened teams / lone groups, compress: 2.87 / 3.07 / 2.91 µs at 512
-/// tokens, 3.56 / 3.40 / 3.68 at 1024, 4.76 / 4.11 / 4.40 at 2048, 5.74 /
-/// 4.95 / 5.16 at 3072; fused NVFP4 4.45 / 4.23 / 4.51 at 1024, 6.01 / 5.06
-/// / 5.06 at 2048, 7.48 / 6.12 / 5.92 at 3072 (every layout alike).
+/// screened teams / lone groups, compress: 3.56 / 3.40 / 3.68 µs at 1024
+/// tokens, 4.76 / 4.11 / 4.40 at 2048, 5.74 / 4.95 / 5.16 at 3072 (at 512,
+/// unscreened / screened teams: 2.87 / 3.07); fused NVFP4 4.45 / 4.23 /
+/// 4.51 at 1024, 6.01 / 5.06 / 5.06 at 2048, 7.48 / 6.12 / 5.92 at 3072
+/// (every layout alike).
 pub const CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 2560;
-/// Launches of long chunks above the screened-team limit and up to this many items
-/// run one-pass lone groups, above it lone groups pooling by halves
+/// Launches of long chunks above the screened-team limit and up to this
+/// many items run one-pass lone groups, above it lone groups pooling by halves
 /// ([`Cr2Items::LoneHalves`], four blocks per SM). H200 at `4d6752c`, 4
 /// requests, one-pass / halves, compress (fused NVFP4): 3.68 / 3.80 µs
 /// (4.54 / 4.77) at 1024 tokens, 4.41 / 4.58 (5.08 / 5.17) at 2048, 4.98 /
