@@ -786,11 +786,12 @@ KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInser
 // item, which reads both rows for the ring anyway, pools the second token
 // too. The token item of the second token tests the same, on the same
 // values, and leaves it to the request item. Only in the OWN2 kernels
-// (kv_compress_cr2_team_mtp, kv_compress_cr2_pair_mtp), which plain
-// compresses of large decode batches with multi-token requests run
-// screened: built into every team kernel, the longer request item made
-// one-token decode 3-10 % slower (H200, 16 to 1024 tokens), and the lone
-// groups' fused kernels spill with the second row live (80 registers).
+// (kv_compress_cr2_team_mtp, kv_compress_cr2_pair_mtp,
+// kv_fused_cr2_team_mtp_*), which screened launches of more than one
+// multi-token request in four run (kernel_abi::Cr2Shape::multi_token):
+// built into every team kernel, the longer request item made one-token
+// decode 3-10 % slower (H200, 16 to 1024 tokens), and the lone groups'
+// fused kernels spill with the second row live (80 registers).
 KV_DEVICE bool kv_cr2_owns_second(int64_t start, int64_t end, int64_t slot0, int64_t pos0) {
     return end - start == 2 && slot0 >= 0 && (pos0 < 0 || (pos0 & 1) == 0);
 }
@@ -1112,10 +1113,11 @@ KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair(const 
     kv_compress_cr2_team<false, 0, KV_CR2_PAIR>(c, 0);
 }
 
-// Plain compresses of large decode batches with multi-token requests
-// (speculative decode, MTP), screened: their request items also pool a
-// two-token chunk's second token (kv_cr2_owns_second), so that its rows are
-// read once and the token blocks pool nothing.
+// Screened plain compresses of more than one multi-token request in four
+// (speculative decode, MTP; also long chunks of up to 2560 items): their
+// request items also pool a two-token chunk's second token
+// (kv_cr2_owns_second), so that its rows are read once and the token
+// blocks pool nothing.
 KV_KERNEL KV_LAUNCH_BOUNDS_10(KV_CR2_TEAM * 32) void kv_compress_cr2_team_mtp(const KvCompressParams c) {
     kv_compress_cr2_team<false, 0, KV_CR2_TEAM, true>(c, 0);
 }
