@@ -42,3 +42,9 @@ DSV4_KVCACHE_GROUPS_PER_BLOCK=8 DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_CR2_TEA
 ./target/release/dsv4-kvcache verify tests/vectors/seed_*.safetensors --backend hip
 ./target/release/dsv4-kvcache demo --backend hip
 ./target/release/dsv4-kvcache bench --backend hip --out rocm-bench.json
+# The H200 picked screened teams and pairs for large decode batches and
+# mid-sized long chunks (kernel_abi::cr2_shape); on gfx942 a screened team
+# block's 8.2 KB of LDS lets a CU hold at most seven of them. The CR2 rows
+# once more unscreened, to check that choice on this GPU.
+DSV4_KVCACHE_CR2_SCREEN=0 ./target/release/dsv4-kvcache bench --backend hip \
+    --only "compress CR2,fused CR2" --out rocm-bench-cr2-unscreened.json
