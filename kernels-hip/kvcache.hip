@@ -1226,20 +1226,21 @@ KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_nvfp4, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS_
 KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_bf16, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS_4)
 KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_fp8, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_4)
 
-#define KV_FUSED_TEAM_KERNEL(name, LAYOUT)                                          \
+// OWN2: the multi-token team kernels (kv_cr2_owns_second).
+#define KV_FUSED_TEAM_KERNEL(name, LAYOUT, OWN2)                                    \
     KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void name(const KvFusedParams p) { \
-        kv_compress_cr2_team<true, LAYOUT, KV_CR2_TEAM>(p.c, &p.i);                 \
+        kv_compress_cr2_team<true, LAYOUT, KV_CR2_TEAM, OWN2>(p.c, &p.i);           \
     }
 #define KV_FUSED_PAIR_KERNEL(name, LAYOUT)                                        \
     KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void name(const KvFusedParams p) { \
         kv_compress_cr2_team<true, LAYOUT, KV_CR2_PAIR>(p.c, &p.i);               \
     }
 
-KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_v4, KV_LAYOUT_V4)
-KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mxfp8, KV_LAYOUT_MXFP8)
-KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_nvfp4, KV_LAYOUT_NVFP4)
-KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_bf16, KV_LAYOUT_BF16)
-KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_fp8, KV_LAYOUT_FP8)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_v4, KV_LAYOUT_V4, false)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mxfp8, KV_LAYOUT_MXFP8, false)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_nvfp4, KV_LAYOUT_NVFP4, false)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_bf16, KV_LAYOUT_BF16, false)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_fp8, KV_LAYOUT_FP8, false)
 
 KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_v4, KV_LAYOUT_V4)
 KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_mxfp8, KV_LAYOUT_MXFP8)
@@ -1247,15 +1248,10 @@ KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_nvfp4, KV_LAYOUT_NVFP4)
 KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_bf16, KV_LAYOUT_BF16)
 KV_FUSED_PAIR_KERNEL(kv_fused_cr2_pair_fp8, KV_LAYOUT_FP8)
 
-// Fused launches of large decode batches with multi-token requests
+// Screened fused launches of more than one multi-token request in four
 // (kv_compress_cr2_team_mtp's request items, with the insert).
-#define KV_FUSED_TEAM_MTP_KERNEL(name, LAYOUT)                                      \
-    KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void name(const KvFusedParams p) { \
-        kv_compress_cr2_team<true, LAYOUT, KV_CR2_TEAM, true>(p.c, &p.i);           \
-    }
-
-KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_v4, KV_LAYOUT_V4)
-KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_mxfp8, KV_LAYOUT_MXFP8)
-KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_nvfp4, KV_LAYOUT_NVFP4)
-KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_bf16, KV_LAYOUT_BF16)
-KV_FUSED_TEAM_MTP_KERNEL(kv_fused_cr2_team_mtp_fp8, KV_LAYOUT_FP8)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_v4, KV_LAYOUT_V4, true)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_mxfp8, KV_LAYOUT_MXFP8, true)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_nvfp4, KV_LAYOUT_NVFP4, true)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_bf16, KV_LAYOUT_BF16, true)
+KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_fp8, KV_LAYOUT_FP8, true)

@@ -132,8 +132,8 @@ pub fn fused_long_kernel(layout: RecordLayout) -> &'static str {
     KERNEL_NAMES[34 + layout_index(layout)]
 }
 
-/// The fused CR2 team kernel for decode batches with multi-token requests
-/// ([`Cr2Shape::multi_token`]).
+/// The fused CR2 team kernel of screened launches that are not mostly
+/// one-token requests ([`Cr2Shape::multi_token`]).
 pub fn fused_team_mtp_kernel(layout: RecordLayout) -> &'static str {
     KERNEL_NAMES[41 + layout_index(layout)]
 }
@@ -734,11 +734,11 @@ fn mostly_one_token(n: u64, num_reqs: u64) -> bool {
     4 * n <= 5 * num_reqs
 }
 
-/// Plain compresses of decode batches with more multi-token requests
-/// screen their tokens from this many items on, on the multi-token kernels
-/// ([`Cr2Shape::multi_token`]), whose request items also pool a two-token chunk's
-/// second token, so that the token blocks of speculative decode pool
-/// nothing either. H200, two tokens per request, unscreened at `4f13280`
+/// Decode batches with more multi-token requests screen their tokens from
+/// this many items on, on the multi-token kernels
+/// ([`Cr2Shape::multi_token`]), whose request items also pool a two-token
+/// chunk's second token, so that the token blocks of speculative decode
+/// pool nothing either. H200, two tokens per request, unscreened at `4f13280`
 /// (the token items pooling) / screened at `41cf728`: 5.73 / 5.45 µs at
 /// 1024 tokens (1536 items), 9.75 / 8.88 at 2048, 16.87 / 14.71 at 4096,
 /// 34.06 / 27.78 at 8192, 65.25 / 52.60 at 16384, 239.98 / 204.48 at

@@ -1606,7 +1606,8 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
         },
     });
     // Decode with one speculative (MTP) token: the second token of each
-    // request closes the group, in its token item.
+    // request closes the group (pooled by its request item in the
+    // multi-token kernels, kernel_abi::Cr2Shape::multi_token).
     v.push(BenchCase {
         name: "compress CR2, T/2 two-token requests".into(),
         layout: None,
@@ -1776,8 +1777,8 @@ impl Job for BenchJob {
         // Fused compress + insert vs the two calls: at decode sizes (CR2 as
         // one-token requests, and from 16 tokens as two-token requests, i.e.
         // speculative decode), then at the prefill sizes asked for (1024
-        // tokens and up), where CR2 also runs as a few long requests and,
-        // above the team threshold, on the one-group fused kernels.
+        // tokens and up), where CR2 also runs as a few long requests, on the
+        // fused lone-group kernels above 2560 items.
         println!();
         println!("fused compress + insert vs the two separate calls:");
         println!("| case | layout | T | fused µs | compress + insert µs | fused saves |");

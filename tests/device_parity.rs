@@ -21,9 +21,8 @@
 //! run them; the cases' multi-token chunks then pool several tokens per
 //! block, and their compresses run the multi-token kernels, plain and
 //! fused in teams, plain in pairs, `kernel_abi::Cr2Shape::multi_token`) and
-//! with `DSV4_KVCACHE_INSERT_TILES=1` to
-//! check the kernels that larger launches use (the line printed says which
-//! ran).
+//! with `DSV4_KVCACHE_INSERT_TILES=1` to check the kernels that larger
+//! launches use (the line printed says which ran).
 
 // Built without both GPU features, the device paths below are compiled out.
 #![cfg_attr(
