@@ -1,30 +1,23 @@
-//! The launch interface of the device kernels, shared by the CUDA and HIP
+//! The binary interface of the device kernels, shared by the CUDA and HIP
 //! backends: kernel names, `#[repr(C)]` parameter blocks that mirror the
-//! structs at the top of `kernels-hip/kvcache.hip` field for field, and the
-//! launch geometry.
+//! structs at the top of `kernels-hip/kvcache.hip` field for field, and how
+//! a launch's shape reaches the kernel. Which kernel runs and in what shape
+//! is [`crate::launch`]'s choice.
 //!
 //! Every kernel takes one parameter block by value. A token (or a request)
-//! is handled by a group of [`GROUP_LANES`] threads; [`geometry`] picks how
-//! many groups make a block and tells the kernel through the flags word
-//! ([`KernelParams::with_geometry`]). The kernels never assume a warp or wavefront width:
+//! is handled by a group of [`GROUP_LANES`] threads; the launch policy picks
+//! how many groups make a block ([`Geometry`]) and tells the kernel through
+//! the flags word ([`KernelParams::with_geometry`]). The kernels never
+//! assume a warp or wavefront width:
 //! a group's lanes exchange values only with xor-butterflies of distance
 //! below 32, which stay inside one aligned 32-lane group on 32-lane warps and
 //! on 64-lane wavefronts alike.
 
 use crate::layout::RecordLayout;
 use crate::ops::{CompressPlan, FusedPlan, IndexPlan, InsertPlan, RingRowsPlan};
-use std::sync::OnceLock;
 
 /// Threads that handle one token.
 pub const GROUP_LANES: u32 = 32;
-/// Token groups per block of a large launch (measured on the H200: 4 beat 8
-/// for every kernel at 65536 tokens).
-pub const GROUPS_PER_BLOCK: u32 = 4;
-/// Token groups per block of a small (decode-size) launch: one AMD
-/// wavefront, two NVIDIA warps.
-pub const SMALL_GROUPS_PER_BLOCK: u32 = 2;
-/// Launches of at most this many groups use [`SMALL_GROUPS_PER_BLOCK`].
-pub const SMALL_LAUNCH_ITEMS: u64 = 2048;
 /// The most threads per block any kernel is built for (its launch bounds).
 pub const BLOCK_THREADS: u32 = 256;
 /// Skip counters a kernel may increment: slot, position, index.
@@ -497,53 +490,11 @@ pub struct Geometry {
     /// `block << log2 | thread / 32`).
     pub groups_log2: u32,
     /// CR2 teams and pairs: each token block covers one token per group
-    /// ([`Cr2Shape::screen_tokens`]).
+    /// ([`crate::launch::Cr2Shape::screen_tokens`]).
     pub screen_tokens: bool,
     /// Bytes of dynamic shared memory (LDS) per block: the CR2 team kernels'
     /// buffers, 0 for the others.
     pub shared_bytes: u32,
-}
-
-/// Launch shape for `items` groups (one token or request each).
-///
-/// Small launches use blocks of [`SMALL_GROUPS_PER_BLOCK`] groups so that a
-/// decode step's few tokens land on separate SMs / CUs instead of queueing on
-/// the schedulers of one; large ones use [`GROUPS_PER_BLOCK`]. The
-/// environment variable `DSV4_KVCACHE_GROUPS_PER_BLOCK` (2, 4 or 8) forces
-/// one size, for benchmarking.
-pub fn geometry(items: u64) -> Geometry {
-    let gpb = forced_groups_per_block().unwrap_or(if items <= SMALL_LAUNCH_ITEMS {
-        SMALL_GROUPS_PER_BLOCK
-    } else {
-        GROUPS_PER_BLOCK
-    });
-    Geometry {
-        grid: items.div_ceil(gpb as u64).max(1) as u32,
-        block_threads: GROUP_LANES * gpb,
-        groups_log2: gpb.trailing_zeros(),
-        screen_tokens: false,
-        shared_bytes: 0,
-    }
-}
-
-fn forced_groups_per_block() -> Option<u32> {
-    static FORCED: OnceLock<Option<u32>> = OnceLock::new();
-    *FORCED.get_or_init(|| {
-        std::env::var("DSV4_KVCACHE_GROUPS_PER_BLOCK")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .filter(|g| matches!(g, 2 | 4 | 8))
-    })
-}
-
-/// A benchmarking switch: the environment variable `var` set to `0` or `1`
-/// forces a launch choice off or on (read once, into `cell`).
-fn forced_switch(cell: &'static OnceLock<Option<bool>>, var: &str) -> Option<bool> {
-    *cell.get_or_init(|| match std::env::var(var).as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    })
 }
 
 /// Groups in a CR2 team: one block handles one item, each lane pooling a
@@ -552,325 +503,9 @@ pub const CR2_TEAM_GROUPS: u32 = 4;
 /// Groups in a CR2 pair, the mid-sized team (the kernels' `KV_CR2_PAIR`):
 /// a block of 64 threads, one AMD wavefront.
 pub const CR2_PAIR_GROUPS: u32 = 2;
-/// Decode batches (at least half the tokens start a chunk, so the request
-/// items carry the work, and a lone group's request item is the slowest) of
-/// mostly one-token requests up to this many items (requests plus tokens)
-/// run in teams of four, larger ones in pairs. H200 at `0a44401`, one-token
-/// requests, teams / pairs / lone groups: 8.54 / 10.32 / 11.30 µs at 2048
-/// tokens, 15.67 / 15.88 / 18.37 at 4096, 32.95 / 29.89 / 33.37 at 8192.
-/// With the coalesced team parts (2026-12-01), screened teams / pairs /
-/// lone groups: 27.80 / 25.90 / 33.46 µs at 8192 tokens, 110.01 / 96.29 /
-/// 111.26 at 32768, 219.87 / 189.82 / 215.92 at 65536; fused NVFP4 pairs
-/// against lone groups 107.94 / 112.26 at 32768 and 213.85 / 212.82 at
-/// 65536, fused V4 109.01 / 116.65 and 216.68 / 225.06.
-pub const CR2_TEAM_MAX_ITEMS: u64 = 8192;
-/// Launches of long chunks (prefill), where the token items carry the
-/// work, run unscreened teams up to this many items (and screened teams up
-/// to [`CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS`]): a team needs four warps
-/// per item, and once the teams outnumber what the GPU runs at once, lone
-/// groups win. Before the screened teams and the coalesced team parts, H200 at
-/// `4a85862`, 4 requests: teams 2.47 µs against 3.35 at 16 tokens, a tie at
-/// 1024 (4.25 / 4.13), 5.36 against 4.33 at 2048, 14.67 against 12.51 at
-/// 8192. Pairs do not pay there: at `0a44401`, 4 requests of 2048 tokens,
-/// 5.99 µs against 4.39 lone; fused NVFP4 slower at every size to 32768.
-pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
-/// Launches of long chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`] and up to
-/// this many items run screened teams: a token block covers four tokens
-/// and pools the two that close a group one after the other. H200
-/// (2026-12-01, coalesced team parts), 4 requests, unscreened teams /
-/// screened teams / lone groups, compress: 3.56 / 3.40 / 3.68 µs at 1024
-/// tokens, 4.76 / 4.11 / 4.40 at 2048, 5.74 / 4.95 / 5.16 at 3072 (at 512,
-/// unscreened / screened teams: 2.87 / 3.07); fused NVFP4 4.45 / 4.23 /
-/// 4.51 at 1024, 6.01 / 5.06 / 5.06 at 2048, 7.48 / 6.12 / 5.92 at 3072
-/// (every layout alike).
-pub const CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 2560;
-/// Launches of long chunks above the screened-team limit and up to this
-/// many items run one-pass lone groups, above it lone groups pooling by halves
-/// ([`Cr2Items::LoneHalves`], four blocks per SM). H200 at `4d6752c`, 4
-/// requests, one-pass / halves, compress (fused NVFP4): 3.68 / 3.80 µs
-/// (4.54 / 4.77) at 1024 tokens, 4.41 / 4.58 (5.08 / 5.17) at 2048, 4.98 /
-/// 5.14 (6.05 / 5.98; fused V4 8.24 / 5.84) at 3072, 7.44 / 5.65 (9.14 /
-/// 6.74) at 4096, 84.3 / 75.7 (95.4 / 87.3) at 65536.
-pub const CR2_LONE_MAX_ITEMS_LONG_CHUNKS: u64 = 3072;
-
-/// How a CR2 launch spreads an item (a request's first group, or a token's)
-/// over the GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cr2Items {
-    /// One group (32 lanes, 16 dims each) per item.
-    Lone,
-    /// A block of [`CR2_PAIR_GROUPS`] groups per item.
-    Pairs,
-    /// A block of [`CR2_TEAM_GROUPS`] groups per item.
-    Teams,
-    /// One group per item pooling its dims in two halves, so that the
-    /// kernel fits 64 registers (four blocks per SM on sm_90): long chunks.
-    LoneHalves,
-}
-
-/// How a CR2 launch runs, decided once per launch by [`cr2_shape`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cr2Shape {
-    /// Groups per item.
-    pub items: Cr2Items,
-    /// Teams or pairs whose token blocks check a token per group
-    /// (`kv_cr2_token_block`): a block per request, and one per
-    /// [`CR2_TEAM_GROUPS`] (or [`CR2_PAIR_GROUPS`]) tokens.
-    pub screen_tokens: bool,
-    /// The multi-token kernels (`kv_compress_cr2_team_mtp`,
-    /// `kv_compress_cr2_pair_mtp`, `kv_fused_cr2_team_mtp_*`), whose request
-    /// items also pool a two-token chunk's second token (`kv_cr2_owns_second`
-    /// in the kernels).
-    pub multi_token: bool,
-}
-
-/// The shape of a CR2 launch of `n` tokens in `num_reqs` requests (`fused`:
-/// of `fused_compress_insert`).
-///
-/// Items: at decode sizes a lone group's pooling chain is most of the
-/// kernel time, and a team splits it four ways. Decode batches (at least
-/// half the tokens start a chunk) of mostly one-token requests run teams up
-/// to [`CR2_TEAM_MAX_ITEMS`], then pairs, which leave fewer lanes idle while
-/// group 0 norms and emits; other decode batches (speculative decode) run
-/// teams. Long chunks (prefill) run teams up to
-/// [`CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS`], lone groups up to
-/// [`CR2_LONE_MAX_ITEMS_LONG_CHUNKS`], then lone groups pooling by halves,
-/// which fit more groups on an SM. H200 (2026-12-01, coalesced team parts),
-/// two-token requests, screened teams / screened pairs / unscreened teams /
-/// lone groups, compress: 21.40 / 23.03 / 31.44 / 35.77 µs at 8192 tokens,
-/// 161.26 / 162.67 / 242.81 / 266.83 at 65536; fused NVFP4 32.70 / 33.48 /
-/// 34.84 / 38.64 at 8192, 236.72 / 239.16 / 261.08 / 280.00 at 65536.
-///
-/// Screening ([`Cr2Shape::screen_tokens`]), in teams and pairs: decode
-/// batches of mostly one-token requests from [`CR2_SCREEN_MIN_ITEMS`] items,
-/// other decode batches from [`CR2_SCREEN_MIN_ITEMS_MULTI`] items, long
-/// chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]; a decode batch's token
-/// items mostly pool nothing, and a screened launch runs a quarter (a half,
-/// in pairs) of the token blocks. Screened launches that are not mostly
-/// one-token requests run the multi-token kernels
-/// ([`Cr2Shape::multi_token`]; fused launches have them in teams only), so
-/// that a two-token chunk's rows are read once and its token block pools
-/// nothing.
-///
-/// The environment variables `DSV4_KVCACHE_CR2_TEAMS` (`0` lone groups, `1`
-/// teams, `2` pairs, `3` lone groups by halves) and `DSV4_KVCACHE_CR2_SCREEN`
-/// (`0` or `1`, for teams and pairs) force the choices, for testing and
-/// benchmarking.
-pub fn cr2_shape(n: u64, num_reqs: u64, fused: bool) -> Cr2Shape {
-    static FORCED_ITEMS: OnceLock<Option<Cr2Items>> = OnceLock::new();
-    static FORCED_SCREEN: OnceLock<Option<bool>> = OnceLock::new();
-    let forced_items =
-        *FORCED_ITEMS.get_or_init(
-            || match std::env::var("DSV4_KVCACHE_CR2_TEAMS").as_deref() {
-                Ok("0") => Some(Cr2Items::Lone),
-                Ok("1") => Some(Cr2Items::Teams),
-                Ok("2") => Some(Cr2Items::Pairs),
-                Ok("3") => Some(Cr2Items::LoneHalves),
-                _ => None,
-            },
-        );
-    let items = n + num_reqs;
-    let decode = 2 * num_reqs >= n;
-    let one_token = mostly_one_token(n, num_reqs);
-    let shape = forced_items.unwrap_or(if decode {
-        if one_token && items > CR2_TEAM_MAX_ITEMS {
-            Cr2Items::Pairs
-        } else {
-            Cr2Items::Teams
-        }
-    } else if items <= CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS {
-        Cr2Items::Teams
-    } else if items <= CR2_LONE_MAX_ITEMS_LONG_CHUNKS {
-        Cr2Items::Lone
-    } else {
-        Cr2Items::LoneHalves
-    });
-    let teams = matches!(shape, Cr2Items::Teams | Cr2Items::Pairs);
-    let screen = if !decode {
-        items > CR2_TEAM_MAX_ITEMS_LONG_CHUNKS
-    } else if one_token {
-        items >= CR2_SCREEN_MIN_ITEMS
-    } else {
-        items >= CR2_SCREEN_MIN_ITEMS_MULTI
-    };
-    let screen_tokens =
-        teams && forced_switch(&FORCED_SCREEN, "DSV4_KVCACHE_CR2_SCREEN").unwrap_or(screen);
-    Cr2Shape {
-        items: shape,
-        screen_tokens,
-        multi_token: screen_tokens && !one_token && (shape == Cr2Items::Teams || !fused),
-    }
-}
-
-/// Shape of a team launch: one block of `groups` groups per item.
-pub fn team_geometry(items: u64, groups: u32) -> Geometry {
-    Geometry {
-        grid: items.max(1) as u32,
-        block_threads: GROUP_LANES * groups,
-        groups_log2: groups.trailing_zeros(),
-        screen_tokens: false,
-        shared_bytes: CR2_POOLED_BYTES,
-    }
-}
-
-/// Shape of a screened team launch of `n` tokens in `num_reqs` requests:
-/// a block per request, and a block per `groups` tokens, with a pooled
-/// buffer and a closing position (8 bytes) per group.
-pub fn screened_team_geometry(n: u64, num_reqs: u64, groups: u32) -> Geometry {
-    Geometry {
-        screen_tokens: true,
-        shared_bytes: groups * (CR2_POOLED_BYTES + 8),
-        ..team_geometry(num_reqs + n.div_ceil(groups as u64), groups)
-    }
-}
 
 /// One token's pooled values in a team's shared memory: 512 f32.
 pub const CR2_POOLED_BYTES: u32 = 512 * 4;
-
-/// Whether at most one request in four has more than one token: the token
-/// items then mostly pool nothing (a one-token request's group is its
-/// request item's).
-fn mostly_one_token(n: u64, num_reqs: u64) -> bool {
-    4 * n <= 5 * num_reqs
-}
-
-/// Decode batches with more multi-token requests screen their tokens from
-/// this many items on, on the multi-token kernels
-/// ([`Cr2Shape::multi_token`]), whose request items also pool a two-token
-/// chunk's second token, so that the token blocks of speculative decode
-/// pool nothing either. H200, two tokens per request, unscreened at `4f13280`
-/// (the token items pooling) / screened at `41cf728`: 5.73 / 5.45 µs at
-/// 1024 tokens (1536 items), 9.75 / 8.88 at 2048, 16.87 / 14.71 at 4096,
-/// 34.06 / 27.78 at 8192, 65.25 / 52.60 at 16384, 239.98 / 204.48 at
-/// 65536; at 512 tokens (768 items) a development build of the same
-/// kernels, screened, took 3.78 against 3.61. Fused launches, with
-/// multi-token team kernels of their own (2026-12-01, coalesced team
-/// parts), NVFP4 unscreened / screened: 3.02 / 3.47 µs at 16 tokens, 4.91 /
-/// 4.63 at 1024, 8.26 / 6.31 at 2048, 13.67 / 10.49 at 4096, 34.87 / 25.07
-/// at 8192 (V4 and BF16 within 0.1 µs of these from 1024 tokens).
-pub const CR2_SCREEN_MIN_ITEMS_MULTI: u64 = 1536;
-
-/// Decode batches of mostly one-token requests screen their tokens from
-/// this many items (requests plus tokens) on ([`cr2_shape`]). H200
-/// (2026-12-01), one-token requests, `2533fa0` unscreened / `429936b`
-/// screened: 3.11 / 2.94 µs at 256 tokens (512 items), 4.20 / 3.68 at 512,
-/// 5.70 / 5.42 at 1024, 8.54 / 8.63 at 2048, 15.68 / 15.30 at 4096, 29.83 /
-/// 28.16 at 8192, 56.54 / 53.37 at 16384; a development build gave 2.57 /
-/// 2.65 µs at 128 tokens (256 items).
-pub const CR2_SCREEN_MIN_ITEMS: u64 = 512;
-
-/// A kernel and the shape to launch it in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Launch {
-    /// The kernel's name (one of [`KERNEL_NAMES`]).
-    pub kernel: &'static str,
-    /// Its grid and blocks.
-    pub geometry: Geometry,
-}
-
-/// The launch of an insert plan.
-///
-/// Large CR1 launches run the tile-major kernel where the layout has one
-/// ([`insert_uses_tiles`]).
-pub fn insert_launch(p: &InsertPlan) -> Launch {
-    let tiles = insert_tiles_kernel(p.cache.layout)
-        .filter(|_| insert_uses_tiles(p.compress_ratio, p.n as u64));
-    Launch {
-        kernel: tiles.unwrap_or_else(|| insert_kernel(p.cache.layout)),
-        geometry: geometry(p.n as u64),
-    }
-}
-
-/// Whether an insert of `n` tokens at `compress_ratio` runs a tile-major
-/// kernel (where its layout has one): CR1 above [`SMALL_LAUNCH_ITEMS`]
-/// tokens. H200, 65536 tokens: NVFP4 40.6 -> 38.7 µs, BF16 42.8 -> 40.6,
-/// FP8 42.0 -> 40.7; 8192: 4-10 % faster. At decode sizes the time is one
-/// token's latency, and a block's last warp, holding NoPE and RoPE tiles,
-/// runs both paths one after the other: BF16 and FP8 were 3-4 % slower at
-/// 16 and 128 tokens. CR2 writes only the tokens that close a group, usually
-/// every other one, and a warp holding tiles of a written and a skipped
-/// token does the full work: CR2 inserts were up to 10 % slower, and the
-/// kernels are CR1 only. The environment variable
-/// `DSV4_KVCACHE_INSERT_TILES` (0 or 1) forces the choice for CR1, for
-/// testing and benchmarking.
-pub fn insert_uses_tiles(compress_ratio: u32, n: u64) -> bool {
-    static FORCED: OnceLock<Option<bool>> = OnceLock::new();
-    let forced = forced_switch(&FORCED, "DSV4_KVCACHE_INSERT_TILES");
-    // The tile-major kernels are CR1 only (they skip the compress-ratio test).
-    compress_ratio == 1 && forced.unwrap_or(n > SMALL_LAUNCH_ITEMS)
-}
-
-/// The launch of a `save_ring_rows` plan.
-pub fn ring_rows_launch(p: &RingRowsPlan) -> Launch {
-    Launch {
-        kernel: "kv_save_ring_rows",
-        geometry: geometry(p.n as u64),
-    }
-}
-
-/// The launch of a compress plan's items (`fused`: of a fused plan): the
-/// shape by [`cr2_shape`] for CR2 (one group per item for CR1), and
-/// `kernel`, the op's kernel for that shape.
-fn compressor_launch(
-    p: &CompressPlan,
-    fused: bool,
-    kernel: impl Fn(Cr2Shape) -> &'static str,
-) -> Launch {
-    let items = compress_items(p);
-    let (n, reqs) = (p.n as u64, p.num_reqs() as u64);
-    let shape = if p.compress_ratio == 2 {
-        cr2_shape(n, reqs, fused)
-    } else {
-        Cr2Shape {
-            items: Cr2Items::Lone,
-            screen_tokens: false,
-            multi_token: false,
-        }
-    };
-    let team = |groups| {
-        if shape.screen_tokens {
-            screened_team_geometry(n, reqs, groups)
-        } else {
-            team_geometry(items, groups)
-        }
-    };
-    Launch {
-        kernel: kernel(shape),
-        geometry: match shape.items {
-            Cr2Items::Lone | Cr2Items::LoneHalves => geometry(items),
-            Cr2Items::Teams => team(CR2_TEAM_GROUPS),
-            Cr2Items::Pairs => team(CR2_PAIR_GROUPS),
-        },
-    }
-}
-
-/// The launch of a compress plan (CR2 in teams or pairs at decode sizes,
-/// by halves for long chunks).
-pub fn compress_launch(p: &CompressPlan) -> Launch {
-    compressor_launch(p, false, |shape| match (shape.items, shape.multi_token) {
-        (Cr2Items::Lone, _) => compress_kernel(p.compress_ratio),
-        (Cr2Items::Teams, true) => "kv_compress_cr2_team_mtp",
-        (Cr2Items::Teams, false) => "kv_compress_cr2_team",
-        (Cr2Items::Pairs, true) => "kv_compress_cr2_pair_mtp",
-        (Cr2Items::Pairs, false) => "kv_compress_cr2_pair",
-        (Cr2Items::LoneHalves, _) => "kv_compress_cr2_long",
-    })
-}
-
-/// The launch of a fused plan (CR2 in teams or pairs at decode sizes, by
-/// halves for long chunks).
-pub fn fused_launch(p: &FusedPlan) -> Launch {
-    let layout = p.insert.cache.layout;
-    compressor_launch(&p.compress, true, |shape| {
-        match (shape.items, shape.multi_token) {
-            (Cr2Items::Lone, _) => fused_kernel(p.compress.compress_ratio, layout),
-            (Cr2Items::Teams, true) => fused_team_mtp_kernel(layout),
-            (Cr2Items::Teams, false) => fused_team_kernel(layout),
-            (Cr2Items::Pairs, _) => fused_pair_kernel(layout),
-            (Cr2Items::LoneHalves, _) => fused_long_kernel(layout),
-        }
-    })
-}
 
 /// A kernel parameter block: carries the launch's groups-per-block in its
 /// flags word, since the kernels derive a group's index from it.
@@ -913,11 +548,6 @@ impl KernelParams for FusedParams {
         self.compress = self.compress.with_geometry(g);
         self
     }
-}
-
-/// Groups a compress (or fused) launch needs: CR2 adds one per request.
-pub fn compress_items(p: &CompressPlan) -> u64 {
-    p.n as u64 + p.num_reqs() as u64
 }
 
 #[cfg(test)]
@@ -1014,108 +644,6 @@ mod tests {
     }
 
     #[test]
-    fn large_cr1_inserts_run_tile_major_where_the_layout_has_it() {
-        // CR2 never, forced or not: the kernels skip the compress-ratio test.
-        assert!(!insert_uses_tiles(2, 1 << 20));
-        assert!(!insert_uses_tiles(2, 1));
-        if std::env::var_os("DSV4_KVCACHE_INSERT_TILES").is_some() {
-            eprintln!("DSV4_KVCACHE_INSERT_TILES is set: the default choice is not checked");
-            return;
-        }
-        assert!(!insert_uses_tiles(1, SMALL_LAUNCH_ITEMS));
-        assert!(insert_uses_tiles(1, SMALL_LAUNCH_ITEMS + 1));
-        assert_eq!(insert_tiles_kernel(RecordLayout::V4), None);
-        assert_eq!(insert_tiles_kernel(RecordLayout::Mxfp8), None);
-        for l in [
-            RecordLayout::Nvfp4,
-            RecordLayout::Bf16Rows,
-            RecordLayout::Fp8Rows,
-        ] {
-            assert!(insert_tiles_kernel(l).is_some());
-        }
-    }
-
-    #[test]
-    fn team_launches_are_one_block_of_whole_wavefronts_per_item() {
-        for groups in [CR2_TEAM_GROUPS, CR2_PAIR_GROUPS] {
-            for items in [1u64, 2, 33, 1 << 20] {
-                let g = team_geometry(items, groups);
-                assert_eq!(g.grid as u64, items);
-                assert_eq!(g.block_threads, GROUP_LANES * groups);
-                assert_eq!(1u32 << g.groups_log2, groups);
-                assert_eq!(g.block_threads % 64, 0);
-                assert!(g.block_threads <= BLOCK_THREADS);
-            }
-        }
-        if std::env::var_os("DSV4_KVCACHE_CR2_TEAMS").is_some() {
-            eprintln!("DSV4_KVCACHE_CR2_TEAMS is set: the default choice is not checked");
-            return;
-        }
-        use Cr2Items::*;
-        for fused in [false, true] {
-            let items = |n, reqs| cr2_shape(n, reqs, fused).items;
-            // Decode batches of one-token requests: teams, then pairs.
-            let one_token = |t: u64| items(t, t);
-            assert_eq!(one_token(1), Teams);
-            assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2), Teams);
-            assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2 + 1), Pairs);
-            assert_eq!(one_token(1 << 16), Pairs);
-            assert_eq!(items(5000, 4000), Pairs);
-            // Other decode batches (half the tokens start a chunk): teams
-            // at every size.
-            assert_eq!(items(4000, 2000), Teams);
-            assert_eq!(items(8000, 4000), Teams);
-            assert_eq!(items(1 << 16, 1 << 15), Teams);
-            // Long chunks: teams (screened above 1024 items) up to their
-            // limit, then lone groups, then lone groups by halves; never
-            // pairs.
-            assert_eq!(items(16, 4), Teams);
-            assert_eq!(items(1020, 4), Teams);
-            assert_eq!(items(2556, 4), Teams);
-            assert_eq!(items(2557, 4), Lone);
-            assert_eq!(items(3068, 4), Lone);
-            assert_eq!(items(3069, 4), LoneHalves);
-            assert_eq!(items(4000, 1999), LoneHalves);
-            assert_eq!(items(16384, 4), LoneHalves);
-        }
-    }
-
-    #[test]
-    fn geometry_covers_every_item_with_whole_wavefronts() {
-        if forced_groups_per_block().is_some() {
-            eprintln!("DSV4_KVCACHE_GROUPS_PER_BLOCK is set: geometry defaults not checked");
-            return;
-        }
-        for items in [0u64, 1, 2, 3, 16, 2047, 2048, 2049, 65536, 1 << 24] {
-            let g = geometry(items);
-            let gpb = 1u64 << g.groups_log2;
-            assert_eq!(g.block_threads as u64, gpb * GROUP_LANES as u64);
-            assert_eq!(
-                g.block_threads % 64,
-                0,
-                "a block is whole 64-lane wavefronts"
-            );
-            assert!(
-                g.block_threads <= BLOCK_THREADS,
-                "kernels are built for at most {BLOCK_THREADS}"
-            );
-            assert!(g.grid >= 1);
-            // Every item has a group, and no block is wholly idle.
-            assert!(g.grid as u64 * gpb >= items);
-            assert!((g.grid as u64 - 1) * gpb < items.max(1));
-            let small = items <= SMALL_LAUNCH_ITEMS;
-            assert_eq!(
-                gpb,
-                if small {
-                    SMALL_GROUPS_PER_BLOCK
-                } else {
-                    GROUPS_PER_BLOCK
-                } as u64
-            );
-        }
-    }
-
-    #[test]
     fn geometry_lands_in_the_flags_word_only() {
         let g = Geometry {
             grid: 3,
@@ -1171,82 +699,5 @@ mod tests {
         .with_geometry(&screened);
         assert_eq!(f.compress.flags, on.flags);
         assert_eq!(f.insert.flags & flags::SCREEN_TOKENS, 0);
-    }
-
-    #[test]
-    fn screened_team_launches_cover_every_request_and_token() {
-        for groups in [CR2_TEAM_GROUPS, CR2_PAIR_GROUPS] {
-            for (n, reqs) in [(1u64, 1u64), (512, 512), (513, 500), (1 << 14, 1 << 14)] {
-                let g = screened_team_geometry(n, reqs, groups);
-                assert!(g.screen_tokens);
-                assert_eq!(g.block_threads, GROUP_LANES * groups);
-                // A block per request, then one per `groups` tokens; none
-                // wholly idle.
-                let token_blocks = g.grid as u64 - reqs;
-                assert!(token_blocks * groups as u64 >= n);
-                assert!((token_blocks - 1) * (groups as u64) < n);
-                // A pooled buffer and a closing position per group (the
-                // kernel's kv_cr2_token_block), 8-byte aligned.
-                assert_eq!(g.shared_bytes, groups * (CR2_POOLED_BYTES + 8));
-                assert_eq!((groups * CR2_POOLED_BYTES) % 8, 0);
-            }
-            assert_eq!(team_geometry(7, groups).shared_bytes, CR2_POOLED_BYTES);
-        }
-        assert_eq!(geometry(7).shared_bytes, 0);
-        if std::env::var_os("DSV4_KVCACHE_CR2_SCREEN").is_some()
-            || std::env::var_os("DSV4_KVCACHE_CR2_TEAMS").is_some()
-        {
-            eprintln!(
-                "DSV4_KVCACHE_CR2_SCREEN or _TEAMS is set: the default choice is not checked"
-            );
-            return;
-        }
-        for fused in [false, true] {
-            let screens = |n, reqs| cr2_shape(n, reqs, fused).screen_tokens;
-            // One-token requests from 512 items (256 tokens) on.
-            assert!(!screens(255, 255));
-            assert!(screens(256, 256));
-            assert!(screens(1 << 16, 1 << 16));
-            // At most one request in four with a second token: from 512
-            // items.
-            assert!(screens(1250, 1000));
-            assert!(screens(260, 252));
-            assert!(!screens(256, 255));
-            // Other decode batches from 1536 items on.
-            assert!(screens(1251, 1000));
-            assert!(screens(1024, 512));
-            assert!(screens(2048, 1024));
-            assert!(screens(8000, 4000));
-            assert!(!screens(1022, 511));
-            assert!(!screens(400, 300));
-            // Long chunks in screened teams above 1024 items, up to 2560;
-            // lone groups never screen.
-            assert!(!screens(1020, 4));
-            assert!(screens(1021, 4));
-            assert!(screens(2556, 4));
-            assert!(!screens(2557, 4));
-            assert!(!screens(4096, 4));
-            assert!(!screens(1 << 16, 4));
-        }
-        // The multi-token kernels: screened launches that are not mostly
-        // one-token requests (fused ones in teams).
-        for fused in [false, true] {
-            let mtp = |n, reqs| cr2_shape(n, reqs, fused).multi_token;
-            assert!(mtp(1024, 512));
-            assert!(mtp(1 << 16, 1 << 15));
-            assert!(mtp(2048, 4));
-            assert!(!mtp(1022, 511));
-            assert!(!mtp(1 << 14, 1 << 14));
-            assert!(!mtp(1250, 1000));
-            assert!(!mtp(4096, 4));
-        }
-        // Lone groups never screen, whatever is asked.
-        for (n, reqs) in [(1u64, 1u64), (1 << 16, 4), (2000, 1500), (1 << 16, 1 << 16)] {
-            for fused in [false, true] {
-                let s = cr2_shape(n, reqs, fused);
-                assert!(matches!(s.items, Cr2Items::Teams | Cr2Items::Pairs) || !s.screen_tokens);
-                assert!(s.screen_tokens || !s.multi_token);
-            }
-        }
     }
 }

@@ -329,17 +329,58 @@ impl Timing<CpuBackend> for WallClock {
     }
 }
 
+/// GPU time from graph replay (CUDA and HIP alike: one GPU backend).
+#[cfg(any(feature = "cuda", feature = "hip"))]
+struct GraphTiming;
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+impl<D: dsv4_kvcache::backend::gpu::Driver> Timing<dsv4_kvcache::backend::gpu::GpuBackend<D>>
+    for GraphTiming
+{
+    fn method(&self) -> &'static str {
+        if D::BACKEND == "cuda" {
+            "CUDA graph replay, GPU time from events (median of replays)"
+        } else {
+            "HIP graph replay, GPU time from events (median of replays)"
+        }
+    }
+    fn is_reference(&self) -> bool {
+        false
+    }
+    fn per_launch_us(
+        &self,
+        b: &dsv4_kvcache::backend::gpu::GpuBackend<D>,
+        launches: usize,
+        replays: usize,
+        f: &mut dyn FnMut(&dsv4_kvcache::backend::gpu::GpuBackend<D>) -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        b.time_graph(launches, replays, || f(b))
+    }
+    fn copy_rate(
+        &self,
+        b: &dsv4_kvcache::backend::gpu::GpuBackend<D>,
+        bytes: usize,
+        replays: usize,
+    ) -> Result<f64> {
+        b.time_copy(bytes, replays)
+    }
+    fn host_launch_us(
+        &self,
+        b: &dsv4_kvcache::backend::gpu::GpuBackend<D>,
+        calls: usize,
+        f: &mut dyn FnMut(&dsv4_kvcache::backend::gpu::GpuBackend<D>) -> Result<()>,
+    ) -> Result<f64> {
+        b.host_launch_cost(calls, || f(b))
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda_wiring {
-    use super::Timing;
-    use dsv4_kvcache::detect::{self, SanitizePolicy};
     use dsv4_kvcache::{Backend, CudaBackend, Result};
 
-    /// CUDA device 0, sanitizing as the policy of the environment says.
+    /// CUDA device 0 (the backend applies the environment's policies).
     pub fn open() -> Result<CudaBackend> {
-        let mut b = CudaBackend::new(0)?;
-        b.set_sanitize(detect::sanitize_for_cuda(SanitizePolicy::from_env()?));
-        Ok(b)
+        CudaBackend::new(0)
     }
 
     /// One line per device, or why there is none.
@@ -355,47 +396,13 @@ mod cuda_wiring {
             })
             .collect())
     }
-
-    /// GPU time from CUDA-graph replay, as the anchors were measured.
-    pub struct GraphTiming;
-
-    impl Timing<CudaBackend> for GraphTiming {
-        fn method(&self) -> &'static str {
-            "CUDA graph replay, GPU time from events (median of replays)"
-        }
-        fn is_reference(&self) -> bool {
-            false
-        }
-        fn per_launch_us(
-            &self,
-            b: &CudaBackend,
-            launches: usize,
-            replays: usize,
-            f: &mut dyn FnMut(&CudaBackend) -> Result<()>,
-        ) -> Result<Vec<f32>> {
-            b.time_graph(launches, replays, || f(b))
-        }
-        fn copy_rate(&self, b: &CudaBackend, bytes: usize, replays: usize) -> Result<f64> {
-            b.time_copy(bytes, replays)
-        }
-        fn host_launch_us(
-            &self,
-            b: &CudaBackend,
-            calls: usize,
-            f: &mut dyn FnMut(&CudaBackend) -> Result<()>,
-        ) -> Result<f64> {
-            b.host_launch_cost(calls, || f(b))
-        }
-    }
 }
 
 #[cfg(feature = "hip")]
 mod hip_wiring {
-    use super::Timing;
-    use dsv4_kvcache::{Backend, HipBackend, Result};
-    use std::time::Instant;
+    use dsv4_kvcache::{HipBackend, Result};
 
-    /// HIP device 0 (the backend applies the environment's sanitize policy).
+    /// HIP device 0 (the backend applies the environment's policies).
     pub fn open() -> Result<HipBackend> {
         HipBackend::new(0)
     }
@@ -405,59 +412,6 @@ mod hip_wiring {
         dsv4_kvcache::backend::hip::probe()
             .map(|s| s.lines().map(str::to_string).collect())
             .map_err(|e| super::reason(&e))
-    }
-
-    /// GPU time from HIP-graph replay.
-    pub struct GraphTiming;
-
-    impl Timing<HipBackend> for GraphTiming {
-        fn method(&self) -> &'static str {
-            "HIP graph replay, GPU time from events (median of replays)"
-        }
-        fn is_reference(&self) -> bool {
-            false
-        }
-        fn per_launch_us(
-            &self,
-            b: &HipBackend,
-            launches: usize,
-            replays: usize,
-            f: &mut dyn FnMut(&HipBackend) -> Result<()>,
-        ) -> Result<Vec<f32>> {
-            let graph = b.capture(|b| {
-                for _ in 0..launches {
-                    f(b)?;
-                }
-                Ok(())
-            })?;
-            graph.launch()?;
-            b.synchronize()?;
-            let mut out = Vec::with_capacity(replays);
-            for _ in 0..replays {
-                let ms = b.time_ms(|_| graph.launch())?;
-                out.push(ms * 1000.0 / launches as f32);
-            }
-            Ok(out)
-        }
-        fn copy_rate(&self, b: &HipBackend, bytes: usize, replays: usize) -> Result<f64> {
-            b.time_copy(bytes, replays)
-        }
-        fn host_launch_us(
-            &self,
-            b: &HipBackend,
-            calls: usize,
-            f: &mut dyn FnMut(&HipBackend) -> Result<()>,
-        ) -> Result<f64> {
-            f(b)?;
-            b.synchronize()?;
-            let t = Instant::now();
-            for _ in 0..calls {
-                f(b)?;
-            }
-            let us = t.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64;
-            b.synchronize()?;
-            Ok(us)
-        }
     }
 }
 
@@ -483,7 +437,7 @@ fn unavailable(backend: &'static str, reason: &str) -> Error {
 #[cfg(feature = "cuda")]
 fn try_cuda<J: Job>(job: J, notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
     match cuda_wiring::open() {
-        Ok(mut b) => Ok(job.run(&mut b, &cuda_wiring::GraphTiming, notes)),
+        Ok(mut b) => Ok(job.run(&mut b, &GraphTiming, notes)),
         Err(e) => Err((job, e)),
     }
 }
@@ -499,7 +453,7 @@ fn try_cuda<J: Job>(job: J, _notes: &[String]) -> std::result::Result<Result<J::
 #[cfg(feature = "hip")]
 fn try_hip<J: Job>(job: J, notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
     match hip_wiring::open() {
-        Ok(mut b) => Ok(job.run(&mut b, &hip_wiring::GraphTiming, notes)),
+        Ok(mut b) => Ok(job.run(&mut b, &GraphTiming, notes)),
         Err(e) => Err((job, e)),
     }
 }
