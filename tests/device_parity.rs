@@ -250,6 +250,14 @@ impl Backend for FlipsAByte {
     }
 }
 
+/// Whether a case wrote (or kept) any output bytes.
+fn has_output(o: &Outputs) -> bool {
+    [&o.latent, &o.state_cache, &o.kv_cache]
+        .into_iter()
+        .flatten()
+        .any(|v| !v.is_empty())
+}
+
 /// The harness itself can fail: a second CPU backend on one thread passes
 /// it, and a backend that flips a byte of every read fails it on every case
 /// that has an output (under each mapping it is run with).
@@ -268,12 +276,7 @@ fn harness_detects_differences() {
     let with_output = all
         .iter()
         .filter(|(_, c)| {
-            let o = run_case_mut(&mut cpu, c);
-            let any = [&o.latent, &o.state_cache, &o.kv_cache]
-                .into_iter()
-                .flatten()
-                .any(|v| !v.is_empty());
-            any
+            has_output(&run_case_mut(&mut cpu, c))
         })
         .count();
     assert!(with_output > 0);

@@ -137,7 +137,7 @@ fn stand_in() -> GpuBackend<Stand> {
 fn broken(c: &Case, which: u64) -> Case {
     let mut c = c.clone();
     fn first(c: &mut Case) -> &mut Buf {
-        for b in [
+        [
             &mut c.kv_score,
             &mut c.latent,
             &mut c.rows,
@@ -146,10 +146,8 @@ fn broken(c: &Case, which: u64) -> Case {
         ]
         .into_iter()
         .flatten()
-        {
-            return b;
-        }
-        &mut c.slot_mapping
+        .next()
+        .unwrap_or(&mut c.slot_mapping)
     }
     match which % 5 {
         0 => {
@@ -171,7 +169,7 @@ fn broken(c: &Case, which: u64) -> Case {
         2 => {
             let b = first(&mut c);
             let off = b.bytes.len() - b.desc.dtype.size();
-            b.desc = b.desc.clone().with_offset(off - off % 64);
+            b.desc = b.desc.with_offset(off - off % 64);
         }
         3 => c.compress_ratio = 3,
         _ => {
@@ -354,7 +352,7 @@ fn raw_entry_points_check_in_one_order() {
     // The plan's error is the CPU's for the same views.
     let cpu = CpuBackend::new();
     let lat = cpu.upload(&vec![0; N * 1024]).unwrap();
-    let idx = cpu.upload(&vec![0; N * 4]).unwrap();
+    let idx = cpu.upload(&[0; N * 4]).unwrap();
     let cos = cpu.upload(&vec![0; MAX_POS * 256]).unwrap();
     let mut cache = cpu.upload(&vec![0; BLOCKS * BLOCK * 528]).unwrap();
     let d = |dt, shape: &[usize]| TensorDesc::contiguous(dt, shape);

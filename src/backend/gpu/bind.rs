@@ -256,12 +256,12 @@ mod tests {
         let buf = RawDevice::unbounded(0x1000);
         let (mut a, mut b) = (buf, buf);
         let d = TensorDesc::contiguous(DType::I32, &[1]);
-        let t = || Tensor::new(&buf, d.clone());
+        let t = || Tensor::new(&buf, d);
         let args = InsertArgs {
             latent: t(),
             positions: t(),
             cos_sin_cache: t(),
-            kv_cache: TensorMut::new(&mut a, d.clone()),
+            kv_cache: TensorMut::new(&mut a, d),
             slot_mapping: t(),
             compress_ratio: 1,
             fp8_scale: Some(t()),
@@ -276,7 +276,7 @@ mod tests {
         let ring_args = RingArgs {
             rows: t(),
             slot_mapping: t(),
-            state_cache: TensorMut::new(&mut b, d.clone()),
+            state_cache: TensorMut::new(&mut b, d),
         };
         assert_eq!(written(&ring(&ring_args)), ["state_cache"]);
     }
