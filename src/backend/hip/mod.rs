@@ -12,7 +12,7 @@
 //! [`HipBackend::new`] returns [`Error::Unavailable`] naming the paths it
 //! tried.
 //!
-//! The bindings are this crate's own (`hip/ffi.rs`, about forty C entry
+//! The bindings are this crate's own (`hip/ffi.rs`, about thirty C entry
 //! points over `libloading`) rather than `cubecl-hip-sys`: the backend needs
 //! only a handful of long-stable symbols of the module API (`hipModuleLoadData`,
 //! `hipModuleLaunchKernel`, memory, streams, events, graphs); they need no
@@ -570,7 +570,7 @@ impl GpuBackend<HipDriver> {
     }
 }
 
-/// Runs `f` and turns a non-success code into an [`Error::Driver`].
+/// `Ok` for `hipSuccess`, else an [`Error::Driver`] naming `call`.
 fn check(api: &Api, call: &'static str, code: HipError) -> Result<()> {
     if code == HIP_SUCCESS {
         Ok(())
