@@ -13,7 +13,7 @@
 use crate::error::{Error, Result};
 use crate::kernel_abi::{
     compress_kernel, fused_kernel, fused_long_kernel, fused_pair_kernel, fused_team_kernel,
-    fused_team_mtp_kernel, insert_kernel, insert_tiles_kernel, Geometry, CR2_PAIR_GROUPS,
+    fused_team_mtp_kernel, insert_kernel, insert_tiles_kernel, Geometry, Kernel, CR2_PAIR_GROUPS,
     CR2_POOLED_BYTES, CR2_TEAM_GROUPS, GROUP_LANES,
 };
 use crate::ops::{CompressPlan, FusedPlan, InsertPlan, RingRowsPlan};
@@ -84,8 +84,8 @@ pub struct Cr2Shape {
 /// A kernel and the shape to launch it in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Launch {
-    /// The kernel's name (one of [`crate::kernel_abi::KERNEL_NAMES`]).
-    pub kernel: &'static str,
+    /// The kernel.
+    pub kernel: Kernel,
     /// Its grid and blocks.
     pub geometry: Geometry,
 }
@@ -311,7 +311,7 @@ impl LaunchPolicy {
     /// The launch of a `save_ring_rows` plan.
     pub fn ring_rows_launch(&self, p: &RingRowsPlan) -> Launch {
         Launch {
-            kernel: "kv_save_ring_rows",
+            kernel: Kernel::SaveRingRows,
             geometry: self.geometry(p.n as u64),
         }
     }
@@ -323,7 +323,7 @@ impl LaunchPolicy {
         &self,
         p: &CompressPlan,
         fused: bool,
-        kernel: impl Fn(Cr2Shape) -> &'static str,
+        kernel: impl Fn(Cr2Shape) -> Kernel,
     ) -> Launch {
         let items = compress_items(p);
         let (n, reqs) = (p.n as u64, p.num_reqs() as u64);
@@ -357,11 +357,11 @@ impl LaunchPolicy {
     pub fn compress_launch(&self, p: &CompressPlan) -> Launch {
         self.compressor_launch(p, false, |shape| match (shape.items, shape.multi_token) {
             (Cr2Items::Lone, _) => compress_kernel(p.compress_ratio),
-            (Cr2Items::Teams, true) => "kv_compress_cr2_team_mtp",
-            (Cr2Items::Teams, false) => "kv_compress_cr2_team",
-            (Cr2Items::Pairs, true) => "kv_compress_cr2_pair_mtp",
-            (Cr2Items::Pairs, false) => "kv_compress_cr2_pair",
-            (Cr2Items::LoneHalves, _) => "kv_compress_cr2_long",
+            (Cr2Items::Teams, true) => Kernel::CompressCr2TeamMtp,
+            (Cr2Items::Teams, false) => Kernel::CompressCr2Team,
+            (Cr2Items::Pairs, true) => Kernel::CompressCr2PairMtp,
+            (Cr2Items::Pairs, false) => Kernel::CompressCr2Pair,
+            (Cr2Items::LoneHalves, _) => Kernel::CompressCr2Long,
         })
     }
 
@@ -491,7 +491,6 @@ mod tests {
 
     #[test]
     fn the_mappings_reach_every_kernel() {
-        use crate::kernel_abi::KERNEL_NAMES;
         // Every kernel name a decode-sized case can reach under the eight
         // mappings: the kernel choice depends on the policy, compress
         // ratio, layout and the (n, requests) mix only.
@@ -503,11 +502,11 @@ mod tests {
                     for l in RecordLayout::ALL {
                         let k = match (fused, s.items, s.multi_token) {
                             (false, Cr2Items::Lone, _) => compress_kernel(2),
-                            (false, Cr2Items::Teams, true) => "kv_compress_cr2_team_mtp",
-                            (false, Cr2Items::Teams, false) => "kv_compress_cr2_team",
-                            (false, Cr2Items::Pairs, true) => "kv_compress_cr2_pair_mtp",
-                            (false, Cr2Items::Pairs, false) => "kv_compress_cr2_pair",
-                            (false, Cr2Items::LoneHalves, _) => "kv_compress_cr2_long",
+                            (false, Cr2Items::Teams, true) => Kernel::CompressCr2TeamMtp,
+                            (false, Cr2Items::Teams, false) => Kernel::CompressCr2Team,
+                            (false, Cr2Items::Pairs, true) => Kernel::CompressCr2PairMtp,
+                            (false, Cr2Items::Pairs, false) => Kernel::CompressCr2Pair,
+                            (false, Cr2Items::LoneHalves, _) => Kernel::CompressCr2Long,
                             (true, Cr2Items::Lone, _) => fused_kernel(2, l),
                             (true, Cr2Items::Teams, true) => fused_team_mtp_kernel(l),
                             (true, Cr2Items::Teams, false) => fused_team_kernel(l),
@@ -528,9 +527,9 @@ mod tests {
                     }
                 }
             }
-            seen.insert("kv_save_ring_rows");
+            seen.insert(Kernel::SaveRingRows);
         }
-        let missing: Vec<_> = KERNEL_NAMES.iter().filter(|k| !seen.contains(*k)).collect();
+        let missing: Vec<_> = Kernel::ALL.iter().filter(|k| !seen.contains(*k)).collect();
         assert!(missing.is_empty(), "no mapping launches {missing:?}");
     }
 

@@ -275,9 +275,7 @@ fn harness_detects_differences() {
     let mut cpu = CpuBackend::new();
     let with_output = all
         .iter()
-        .filter(|(_, c)| {
-            has_output(&run_case_mut(&mut cpu, c))
-        })
+        .filter(|(_, c)| has_output(&run_case_mut(&mut cpu, c)))
         .count();
     assert!(with_output > 0);
     let mut wrong = FlipsAByte(CpuBackend::new());

@@ -14,7 +14,7 @@ use common::{all_kinds, random_case, run_case_mut, Buf, Case, Outputs};
 use dsv4_kvcache::backend::gpu::{DeviceFacts, Driver, GpuBackend};
 use dsv4_kvcache::backend::{RawDevice, RawStream};
 use dsv4_kvcache::detect::SanitizePolicy;
-use dsv4_kvcache::kernel_abi::KERNEL_NAMES;
+use dsv4_kvcache::kernel_abi::Kernel;
 use dsv4_kvcache::launch::{Cr2Items, LaunchPolicy};
 use dsv4_kvcache::{
     Backend, CpuBackend, DType, Error, InsertArgs, RecordLayout, Result, Tensor, TensorDesc,
@@ -63,11 +63,8 @@ unsafe impl Driver for Stand {
     fn stream(&self) -> RawStream {
         RawStream(1)
     }
-    fn function(&self, name: &'static str) -> Result<usize> {
-        Ok(KERNEL_NAMES
-            .iter()
-            .position(|k| *k == name)
-            .expect("listed"))
+    fn function(&self, kernel: Kernel) -> Result<usize> {
+        Ok(kernel.index())
     }
     fn alloc(&self, len: usize) -> Result<(Box<[u128]>, u64)> {
         let m = vec![0u128; len.div_ceil(16).max(1)].into_boxed_slice();
@@ -103,7 +100,10 @@ unsafe impl Driver for Stand {
         params: *mut c_void,
     ) -> Result<()> {
         assert!(grid >= 1 && block >= 32 && !params.is_null());
-        self.launched.lock().unwrap().push(KERNEL_NAMES[function]);
+        self.launched
+            .lock()
+            .unwrap()
+            .push(Kernel::ALL[function].name());
         Ok(())
     }
     fn begin_capture(&self) -> Result<()> {

@@ -29,6 +29,7 @@ use super::gpu::{DeviceFacts, Driver, GpuBackend};
 use super::raw::RawStream;
 use crate::detect::{sanitize_for_cuda, SanitizePolicy};
 use crate::error::{Error, Result};
+use crate::kernel_abi::Kernel;
 use crate::kernels;
 use cudarc::driver::{
     result as cu, sys, CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr,
@@ -404,7 +405,8 @@ unsafe impl Driver for CudaDriver {
         RawStream(self.stream.cu_stream() as usize)
     }
 
-    fn function(&self, name: &'static str) -> Result<CudaFunction> {
+    fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
+        let name = kernel.name();
         let c = CString::new(name).expect("kernel names have no NUL");
         self.bind()?;
         // SAFETY: the module is loaded.
@@ -414,7 +416,7 @@ unsafe impl Driver for CudaDriver {
                 backend: BACKEND,
                 call: "cuModuleGetFunction",
                 message: format!(
-                    "kernel {name} is not in the embedded fatbin ({}); the kernels and kernel_abi.rs disagree",
+                    "kernel {name} is not in the embedded fatbin ({}); rebuild with the current kernels-hip sources",
                     describe(e)
                 ),
             })

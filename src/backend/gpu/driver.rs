@@ -14,6 +14,7 @@
 use super::super::raw::RawStream;
 use crate::detect::SanitizePolicy;
 use crate::error::Result;
+use crate::kernel_abi::Kernel;
 use std::ffi::c_void;
 
 /// What a device says about itself.
@@ -60,8 +61,8 @@ pub unsafe trait Driver: Send + Sync + Sized + 'static {
     /// The driver's own stream.
     fn stream(&self) -> RawStream;
 
-    /// The loaded kernel named `name`.
-    fn function(&self, name: &'static str) -> Result<Self::Function>;
+    /// The loaded `kernel` (looked up once per backend, when it is made).
+    fn function(&self, kernel: Kernel) -> Result<Self::Function>;
 
     /// `len` bytes (at least one is allocated) and their device address.
     fn alloc(&self, len: usize) -> Result<(Self::Memory, u64)>;

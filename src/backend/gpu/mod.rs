@@ -36,7 +36,7 @@ use super::raw::{RawDevice, RawStream};
 use super::Backend;
 use crate::detect::SanitizePolicy;
 use crate::error::{Error, Result};
-use crate::kernel_abi::{self, KernelParams, KERNEL_NAMES, NUM_COUNTERS};
+use crate::kernel_abi::{self, Kernel, KernelParams, NUM_COUNTERS};
 use crate::launch::{Launch, LaunchPolicy};
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, CompressArgs, CompressPlan, FusedArgs,
@@ -107,7 +107,7 @@ static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A GPU backend on one device of driver `D`.
 pub struct GpuBackend<D: Driver> {
-    /// `KERNEL_NAMES[i]`'s function.
+    /// `Kernel::ALL[i]`'s function.
     functions: Vec<D::Function>,
     /// The [`NUM_COUNTERS`] `u32` skip counters (slot, position, index).
     _counters: D::Memory,
@@ -157,7 +157,7 @@ impl<D: Driver> GpuBackend<D> {
     /// environment is not read): every kernel looked up, the skip counters
     /// allocated and zeroed.
     pub fn with_policies(drv: D, sanitize: SanitizePolicy, launch: LaunchPolicy) -> Result<Self> {
-        let functions = KERNEL_NAMES
+        let functions = Kernel::ALL
             .iter()
             .map(|&k| drv.function(k))
             .collect::<Result<Vec<_>>>()?;
@@ -294,16 +294,9 @@ impl<D: Driver> GpuBackend<D> {
         Ok(())
     }
 
-    fn function(&self, kernel: &'static str) -> Result<D::Function> {
-        KERNEL_NAMES
-            .iter()
-            .position(|n| *n == kernel)
-            .map(|i| self.functions[i])
-            .ok_or_else(|| Error::Driver {
-                backend: D::BACKEND,
-                call: "kernel lookup",
-                message: format!("no kernel named {kernel} in kernel_abi::KERNEL_NAMES"),
-            })
+    fn function(&self, kernel: Kernel) -> D::Function {
+        // Every kernel was looked up when the backend was made.
+        self.functions[kernel.index()]
     }
 
     /// Launches `l` (kernel and shape) with `params` by value on `stream`.
@@ -318,7 +311,7 @@ impl<D: Driver> GpuBackend<D> {
         params: &P,
         stream: RawStream,
     ) -> Result<()> {
-        let f = self.function(l.kernel)?;
+        let f = self.function(l.kernel);
         let g = l.geometry;
         let mut block = params.with_geometry(&g);
         self.drv.launch(

@@ -49,6 +49,7 @@ use super::gpu::{DeviceFacts, Driver, GpuBackend};
 use super::raw::RawStream;
 use crate::detect::{sanitize_for, AmdArch, SanitizePolicy};
 use crate::error::{Error, Result};
+use crate::kernel_abi::Kernel;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::null_mut;
 use std::sync::Arc;
@@ -348,7 +349,8 @@ unsafe impl Driver for HipDriver {
         RawStream::from_ptr(self.stream.0)
     }
 
-    fn function(&self, name: &'static str) -> Result<Handle> {
+    fn function(&self, kernel: Kernel) -> Result<Handle> {
+        let name = kernel.name();
         let c = CString::new(name).expect("kernel names have no NUL");
         let mut f = null_mut();
         // SAFETY: the module is loaded; c is NUL-terminated.
