@@ -49,6 +49,7 @@ fn reference_reproduces_the_seed_kernels_byte_for_byte() {
 }
 
 /// Replays every seed file on `b`; panics on the first mismatch.
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
 fn replay_all<B: dsv4_kvcache::Backend>(b: &mut B) {
     for f in seed_files() {
         let v = VectorFile::load(&f).expect("vector file loads");

@@ -536,6 +536,14 @@ unsafe impl Driver for CudaDriver {
     }
 }
 
+// The backend and its buffers can be shared across threads (the runtime
+// serializes work on the one stream).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<GpuBackend<CudaDriver>>();
+    send_sync::<super::gpu::DeviceBuffer<CudaDriver>>();
+};
+
 impl GpuBackend<CudaDriver> {
     /// The backend on device `ordinal`: the device's primary context, a new
     /// (non-blocking) stream, the embedded fatbin loaded as a module with

@@ -129,20 +129,6 @@ impl<D: Driver> std::fmt::Debug for GpuBackend<D> {
     }
 }
 
-// The backend and its buffers can be shared across threads when the
-// driver's handles can (the runtime serializes work on the one stream).
-const _: () = {
-    const fn send_sync<T: Send + Sync>() {}
-    #[cfg(feature = "cuda")]
-    send_sync::<GpuBackend<super::cuda::CudaDriver>>();
-    #[cfg(feature = "cuda")]
-    send_sync::<DeviceBuffer<super::cuda::CudaDriver>>();
-    #[cfg(feature = "hip")]
-    send_sync::<GpuBackend<super::hip::HipDriver>>();
-    #[cfg(feature = "hip")]
-    send_sync::<DeviceBuffer<super::hip::HipDriver>>();
-};
-
 impl<D: Driver> GpuBackend<D> {
     /// The backend over an opened driver, with the sanitize and launch
     /// policies of the environment (`DSV4_KVCACHE_SANITIZE`, see

@@ -532,6 +532,14 @@ unsafe impl Driver for HipDriver {
     }
 }
 
+// The backend and its buffers can be shared across threads (the runtime
+// serializes work on the one stream).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<GpuBackend<HipDriver>>();
+    send_sync::<super::gpu::DeviceBuffer<HipDriver>>();
+};
+
 impl GpuBackend<HipDriver> {
     /// Opens HIP device `device` ([`HipDriver::open`]) with the sanitize and
     /// launch policies of the environment ([`GpuBackend::from_driver`]);
