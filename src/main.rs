@@ -16,7 +16,7 @@ use dsv4_kvcache::detect::{self, SanitizePolicy};
 use dsv4_kvcache::formats::bf16_from_f32;
 use dsv4_kvcache::layout::{decode_record, RecordLayout, DIM};
 use dsv4_kvcache::reference::rotate;
-use dsv4_kvcache::vectors::cases::{make_case, rope_cos_sin, CaseSpec, Rng};
+use dsv4_kvcache::testkit::{make_case, rope_cos_sin, CaseSpec, Rng};
 use dsv4_kvcache::vectors::{Op, VectorFile};
 use dsv4_kvcache::{
     Backend, CompressArgs, CpuBackend, DType, Error, InsertArgs, Result, Tensor, TensorDesc,
