@@ -447,22 +447,21 @@ impl VectorFile {
 
     /// The `sanitize` metadata (absent is false).
     pub fn sanitize(&self) -> Result<bool> {
-        match self.meta.get("sanitize").map(|s| s.trim()) {
-            None | Some("false") => Ok(false),
-            Some("true") => Ok(true),
-            Some(s) => Err(Error::Vectors(format!(
-                "sanitize {s:?}, expected true or false"
-            ))),
-        }
+        self.meta_flag("sanitize")
     }
 
     /// Whether the fused op skips `latent_out` (`skip_latent_out`, absent is false).
     pub fn skip_latent_out(&self) -> Result<bool> {
-        match self.meta.get("skip_latent_out").map(|s| s.trim()) {
+        self.meta_flag("skip_latent_out")
+    }
+
+    /// A `true`/`false` metadata entry (absent is false).
+    fn meta_flag(&self, key: &str) -> Result<bool> {
+        match self.meta.get(key).map(|s| s.trim()) {
             None | Some("false") => Ok(false),
             Some("true") => Ok(true),
             Some(s) => Err(Error::Vectors(format!(
-                "skip_latent_out {s:?}, expected true or false"
+                "{key} {s:?}, expected true or false"
             ))),
         }
     }

@@ -83,7 +83,6 @@ mod cuda_wiring {
 mod hip_wiring {
     use crate::timing::Timing;
     use dsv4_kvcache::{Backend, HipBackend, Result};
-    use std::time::Instant;
 
     /// HIP device 0 (the backend applies the environment's sanitize policy).
     pub fn open() -> Result<HipBackend> {
@@ -138,15 +137,7 @@ mod hip_wiring {
             calls: usize,
             f: &mut dyn FnMut(&HipBackend) -> Result<()>,
         ) -> Result<f64> {
-            f(b)?;
-            b.synchronize()?;
-            let t = Instant::now();
-            for _ in 0..calls {
-                f(b)?;
-            }
-            let us = t.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64;
-            b.synchronize()?;
-            Ok(us)
+            crate::timing::host_launch_wall_us(b, calls, f)
         }
     }
 }

@@ -87,15 +87,26 @@ impl Timing<CpuBackend> for WallClock {
         calls: usize,
         f: &mut dyn FnMut(&CpuBackend) -> Result<()>,
     ) -> Result<f64> {
-        f(b)?;
-        let t = Instant::now();
-        for _ in 0..calls {
-            f(b)?;
-        }
-        let us = t.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64;
-        b.synchronize()?;
-        Ok(us)
+        host_launch_wall_us(b, calls, f)
     }
+}
+
+/// Host time of one eager launch in µs by the wall clock: one warm-up call
+/// waited for, then the mean of `calls` calls with no wait between them.
+pub(crate) fn host_launch_wall_us<B: Backend>(
+    b: &B,
+    calls: usize,
+    f: &mut dyn FnMut(&B) -> Result<()>,
+) -> Result<f64> {
+    f(b)?;
+    b.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..calls {
+        f(b)?;
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64;
+    b.synchronize()?;
+    Ok(us)
 }
 
 /// The median (the upper one of an even count); sorts `v`.
