@@ -12,10 +12,15 @@ use dsv4_kvcache::{Backend, CpuBackend, Error, Result};
 /// The backend `--backend` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Choice {
+    /// CUDA, else HIP, else the CPU reference.
     Auto,
+    /// The CPU reference.
     Cpu,
+    /// The CPU reference on one thread, checked like a device (`cpu1`).
     Cpu1,
+    /// CUDA device 0.
     Cuda,
+    /// HIP device 0.
     Hip,
 }
 
