@@ -177,13 +177,9 @@ fn aliases(src: &str) -> HashMap<String, String> {
     let mut out = HashMap::new();
     for line in src.lines() {
         let l = line.trim();
-        let Some(rest) = l
-            .split_once("type ")
-            .map(|(pre, r)| (pre, r))
-            .filter(|(pre, _)| {
-                pre.is_empty() || pre.ends_with("pub ") || pre.ends_with("pub(crate) ")
-            })
-        else {
+        let Some(rest) = l.split_once("type ").filter(|(pre, _)| {
+            pre.is_empty() || pre.ends_with("pub ") || pre.ends_with("pub(crate) ")
+        }) else {
             continue;
         };
         if let Some((name, ty)) = rest.1.split_once(" = ") {
@@ -339,8 +335,11 @@ fn compare(
 
 // ---- C layout ----------------------------------------------------------------
 
+/// Struct definitions by name: their attributes (joined) and `(field, type)`s.
+type Structs = HashMap<String, (String, Vec<(String, String)>)>;
+
 /// `#[repr(C)]` structs of a Rust source: name -> (attributes, fields).
-fn structs(src: &str) -> HashMap<String, (String, Vec<(String, String)>)> {
+fn structs(src: &str) -> Structs {
     let mut out = HashMap::new();
     let lines: Vec<&str> = src.lines().collect();
     let mut i = 0;
@@ -383,7 +382,7 @@ fn structs(src: &str) -> HashMap<String, (String, Vec<(String, String)>)> {
 }
 
 struct Layout<'a> {
-    structs: &'a HashMap<String, (String, Vec<(String, String)>)>,
+    structs: &'a Structs,
     aliases: &'a HashMap<String, String>,
 }
 
@@ -547,7 +546,7 @@ struct Header {
     functions: BTreeMap<String, Decl>,
     aliases: HashMap<String, String>,
     consts: BTreeMap<String, i64>,
-    structs: HashMap<String, (String, Vec<(String, String)>)>,
+    structs: Structs,
 }
 
 impl Header {

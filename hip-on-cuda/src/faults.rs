@@ -46,9 +46,11 @@ impl Fault {
             "launch" => Fault::Launch,
             "capture" => Fault::Capture,
             "arch" => Fault::Arch,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "unknown fault {s:?} (alloc, module-load, missing-kernel, launch, capture, arch)"
-            )),
+            ))
+            }
         })
     }
 }
@@ -68,13 +70,19 @@ fn config() -> std::sync::MutexGuard<'static, Config> {
     CONFIG.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Applies `HIPCUDA_DEVICE` and `HIPCUDA_FAULT` (once, at initialization). A
-/// bad value is reported and aborts the process: a test that asked for a
+/// Applies `HIPCUDA_DEVICE` and `HIPCUDA_FAULT`, once, before the first
+/// configuration or device query, so that `hipcudaConfigure` overrides them.
+/// A bad value is reported and ends the process: a test that asked for a
 /// device or a fault must not run on another silently.
 pub fn init_from_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(apply_env);
+}
+
+fn apply_env() {
     for (var, key) in [("HIPCUDA_DEVICE", "device"), ("HIPCUDA_FAULT", "fault")] {
         if let Ok(v) = std::env::var(var) {
-            if let Err(e) = configure(&format!("{key}={v}")) {
+            if let Err(e) = apply(&format!("{key}={v}")) {
                 eprintln!("hip-on-cuda: {var}={v}: {e}");
                 std::process::exit(2);
             }
@@ -84,6 +92,11 @@ pub fn init_from_env() {
 
 /// See `hipcudaConfigure`.
 pub fn configure(spec: &str) -> Result<(), String> {
+    init_from_env();
+    apply(spec)
+}
+
+fn apply(spec: &str) -> Result<(), String> {
     for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, value) = part
             .split_once('=')
