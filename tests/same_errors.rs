@@ -418,13 +418,7 @@ fn the_launch_policy_picks_the_kernel() {
     use common::{Kind, Op};
     let c = random_case(
         7,
-        Kind::new(
-            Op::Fused {
-                skip_latent_out: false,
-            },
-            2,
-            RecordLayout::Nvfp4,
-        ),
+        Kind::new(Op::FusedCompressInsert, 2, RecordLayout::Nvfp4),
     );
     let mut b = stand_in();
     let run = |b: &mut GpuBackend<Stand>, p: LaunchPolicy| {

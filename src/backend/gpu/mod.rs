@@ -147,10 +147,23 @@ impl<D: Driver> GpuBackend<D> {
             .iter()
             .map(|&k| drv.function(k))
             .collect::<Result<Vec<_>>>()?;
-        let (counters, counters_ptr) = drv.alloc(4 * NUM_COUNTERS)?;
+        // A device that cannot hold the counters is not usable: report it as
+        // unavailable, like every other setup failure.
+        let setup = |e: Error| match e {
+            Error::Driver {
+                backend,
+                call,
+                message,
+            } => Error::Unavailable {
+                backend,
+                reason: format!("{call} failed for the skip counters: {message}"),
+            },
+            other => other,
+        };
+        let (counters, counters_ptr) = drv.alloc(4 * NUM_COUNTERS).map_err(setup)?;
         // SAFETY: the allocation holds 4 * NUM_COUNTERS bytes.
-        unsafe { drv.memset(counters_ptr, 0, 4 * NUM_COUNTERS, drv.stream())? };
-        drv.synchronize(drv.stream())?;
+        unsafe { drv.memset(counters_ptr, 0, 4 * NUM_COUNTERS, drv.stream()) }.map_err(setup)?;
+        drv.synchronize(drv.stream()).map_err(setup)?;
         Ok(GpuBackend {
             functions,
             _counters: counters,
