@@ -40,7 +40,7 @@ struct KvCompressParams {
     int32_t n;                // tokens
     int32_t num_reqs;         // requests (CR2)
     float eps;                // RMSNorm epsilon
-    uint32_t flags;           // KV_F_* bits
+    uint32_t flags;           // flag bits (kernel_abi::flags)
     int32_t ring_shift;       // log2(ring_capacity), or -1 when not a power of two
 };
 
@@ -61,7 +61,7 @@ struct KvInsertParams {
     int32_t block_size;       // rows per block
     int32_t n;                // tokens
     uint32_t compress_ratio;  // 1 or 2
-    uint32_t flags;           // KV_F_* bits
+    uint32_t flags;           // flag bits (kernel_abi::flags)
     int32_t block_shift;      // log2(block_size), or -1 when not a power of two
     uint32_t pad;             // padding to 8 bytes
 };
@@ -77,7 +77,7 @@ struct KvRingRowsParams {
     int32_t ring_blocks;      // ring blocks
     int32_t ring_capacity;    // ring rows per block
     int32_t n;                // rows
-    uint32_t flags;           // KV_F_* bits
+    uint32_t flags;           // flag bits (kernel_abi::flags)
     int32_t ring_shift;       // log2(ring_capacity), or -1 when not a power of two
 };
 
