@@ -8,9 +8,10 @@ tensors of a ROCm build of torch on its HIP kernels. The bytes are the
 same on all three.
 
 The functions here are the cheapest path for eager calls (straight into
-the native module). Inside ``torch.compile`` use the registered operators,
-``dsv4_kvcache.ops.*`` (``torch.ops.dsv4_kvcache.*``), which trace without
-a graph break.
+the native module). They are also registered as torch operators,
+``dsv4_kvcache.ops.*`` (``torch.ops.dsv4_kvcache.*``); inside
+``torch.compile`` (torch >= 2.5) the plain functions stand for those, so
+compiled code traces them without a graph break.
 """
 
 from typing import NamedTuple, Union

@@ -118,3 +118,45 @@ def _(kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_
       cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None,
       skip_latent_out=False, sanitize=None):
     return None
+
+
+# Inside torch.compile, the plain functions (native builtins dynamo cannot
+# trace) stand for the operators above, so code written against the seed's
+# functions compiles without a graph break too (torch >= 2.5).
+_substitute = getattr(torch.compiler, "substitute_in_graph", None)
+if _substitute is not None:
+
+    @_substitute(_native.fused_save_compress_norm)
+    def _fused_save_compress_norm_in_graph(
+        kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
+        rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows=None, prev_row_indices=None,
+    ):
+        torch.ops.dsv4_kvcache.fused_save_compress_norm(
+            kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
+            rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows, prev_row_indices,
+        )
+
+    @_substitute(_native.rope_quant_insert)
+    def _rope_quant_insert_in_graph(
+        latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale=None, *, sanitize=None
+    ):
+        torch.ops.dsv4_kvcache.rope_quant_insert(
+            latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale, sanitize
+        )
+
+    @_substitute(_native.save_ring_rows)
+    def _save_ring_rows_in_graph(rows, slot_mapping, state_cache):
+        torch.ops.dsv4_kvcache.save_ring_rows(rows, slot_mapping, state_cache)
+
+    @_substitute(_native.fused_compress_insert)
+    def _fused_compress_insert_in_graph(
+        kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
+        rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache,
+        cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None, *,
+        skip_latent_out=False, sanitize=None,
+    ):
+        torch.ops.dsv4_kvcache.fused_compress_insert(
+            kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
+            rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache,
+            cache_slot_mapping, fp8_scale, prev_rows, prev_row_indices, skip_latent_out, sanitize,
+        )

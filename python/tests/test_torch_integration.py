@@ -23,11 +23,26 @@ def step(c):
                              c["cache_slots"], 2)
 
 
+def plain_step(c):
+    """The same with the plain (seed-named) functions, and the fused launch."""
+    dk.fused_save_compress_norm(c["kv_score"], c["positions"], c["state_cache"], c["slot_mapping"],
+                                c["query_start_loc"], c["token_to_req_indices"], c["rms_norm_weight"],
+                                c["rms_norm_eps"], 2, c["latent_out"])
+    dk.rope_quant_insert(c["latent_out"], c["positions"], c["cos_sin_cache"], c["kv_cache"], c["cache_slots"], 2,
+                         sanitize=True)
+    dk.save_ring_rows(c["kv_score"][:2], c["slot_mapping"][:2], c["state_cache"])
+    dk.fused_compress_insert(c["kv_score"], c["positions"], c["state_cache"], c["slot_mapping"],
+                             c["query_start_loc"], c["token_to_req_indices"], c["rms_norm_weight"],
+                             c["rms_norm_eps"], 2, c["latent_out"], c["cos_sin_cache"], c["kv2"], c["cache_slots"],
+                             skip_latent_out=True)
+
+
 def step_case():
     c = compress_case(2, seed=3)
     i = insert_case("nvfp4", 2, t=c["kv_score"].shape[0], seed=4)
     c.update(cos_sin_cache=i["cos_sin_cache"], kv_cache=i["kv_cache"], cache_slots=i["slot_mapping"])
     c["positions"] = c["positions"].clamp(max=40)
+    c["kv2"] = c["kv_cache"].clone()
     return c
 
 
@@ -39,6 +54,17 @@ def test_compile_fullgraph_same_bytes(backend):
     step(eager)
     torch.compile(step, fullgraph=True, backend=backend)(comp)
     for k in ("latent_out", "state_cache", "kv_cache"):
+        assert same_storage(eager[k], comp[k]), k
+
+
+@pytest.mark.skipif(not hasattr(torch.compiler, "substitute_in_graph"), reason="torch < 2.5: no substitute_in_graph")
+def test_compile_plain_functions_fullgraph():
+    torch._dynamo.reset()
+    c = step_case()
+    eager, comp = clone(c), clone(c)
+    plain_step(eager)
+    torch.compile(plain_step, fullgraph=True, backend="aot_eager")(comp)
+    for k in ("latent_out", "state_cache", "kv_cache", "kv2"):
         assert same_storage(eager[k], comp[k]), k
 
 
