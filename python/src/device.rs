@@ -259,6 +259,8 @@ mod cuda {
     ) -> PyResult<R> {
         let i = usize::try_from(index)
             .map_err(|_| PyRuntimeError::new_err(format!("bad CUDA device index {index}")))?;
+        use cudarc::driver::result::ctx;
+        let before = ctx::get_current().ok().flatten();
         let mut g = BACKENDS.lock().unwrap_or_else(|e| e.into_inner());
         if g.len() <= i {
             g.resize_with(i + 1, || None);
@@ -276,7 +278,19 @@ mod cuda {
         if k.backend.sanitize() != s {
             k.backend.set_sanitize(s);
         }
-        f(&k.backend).map_err(map_err)
+        // Creating the backend and launching make this device's primary
+        // context current; torch's current device follows the current
+        // context, so put back the one the caller had (a thread-local
+        // switch, allowed during capture).
+        let r = f(&k.backend).map_err(map_err);
+        if let Some(prev) = before {
+            if ctx::get_current().ok().flatten() != Some(prev) {
+                // SAFETY: `prev` was current on this thread a moment ago and
+                // primary contexts stay alive while torch uses them.
+                let _ = unsafe { ctx::set_current(prev) };
+            }
+        }
+        r
     }
 }
 
