@@ -6,8 +6,6 @@ native functions; the dispatcher adds a few microseconds per eager call,
 so eager code should call ``dsv4_kvcache.<name>`` directly.
 """
 
-from typing import Optional
-
 import torch
 
 from . import _native
@@ -19,91 +17,58 @@ __all__ = [
     "fused_compress_insert",
 ]
 
-_LIB = "dsv4_kvcache"
+_NS = "dsv4_kvcache"
+
+# The schemas name every written tensor (alias sets a!, b!, c!), so
+# functionalization under torch.compile knows what each call mutates.
+_SCHEMAS = {
+    "fused_save_compress_norm": (
+        "(Tensor kv_score, Tensor positions, Tensor(a!)? state_cache, Tensor slot_mapping, "
+        "Tensor? query_start_loc, Tensor? token_to_req_indices, Tensor rms_norm_weight, "
+        "float rms_norm_eps, int compress_ratio, Tensor(b!) latent_out, Tensor? prev_rows=None, "
+        "Tensor? prev_row_indices=None) -> ()"
+    ),
+    "rope_quant_insert": (
+        "(Tensor latent, Tensor positions, Tensor cos_sin_cache, Tensor(a!) kv_cache, "
+        "Tensor slot_mapping, int compress_ratio, Tensor? fp8_scale=None, bool? sanitize=None) -> ()"
+    ),
+    "save_ring_rows": "(Tensor rows, Tensor slot_mapping, Tensor(a!) state_cache) -> ()",
+    "fused_compress_insert": (
+        "(Tensor kv_score, Tensor positions, Tensor(a!)? state_cache, Tensor slot_mapping, "
+        "Tensor? query_start_loc, Tensor? token_to_req_indices, Tensor rms_norm_weight, "
+        "float rms_norm_eps, int compress_ratio, Tensor(b!) latent_out, Tensor cos_sin_cache, "
+        "Tensor(c!) kv_cache, Tensor cache_slot_mapping, Tensor? fp8_scale=None, "
+        "Tensor? prev_rows=None, Tensor? prev_row_indices=None, bool skip_latent_out=False, "
+        "bool? sanitize=None) -> ()"
+    ),
+}
 
 
-@torch.library.custom_op(f"{_LIB}::fused_save_compress_norm", mutates_args=("state_cache", "latent_out"))
-def fused_save_compress_norm(
-    kv_score: torch.Tensor,
-    positions: torch.Tensor,
-    state_cache: Optional[torch.Tensor],
-    slot_mapping: torch.Tensor,
-    query_start_loc: Optional[torch.Tensor],
-    token_to_req_indices: Optional[torch.Tensor],
-    rms_norm_weight: torch.Tensor,
-    rms_norm_eps: float,
-    compress_ratio: int,
-    latent_out: torch.Tensor,
-    prev_rows: Optional[torch.Tensor] = None,
-    prev_row_indices: Optional[torch.Tensor] = None,
-) -> None:
+def _fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
+                              token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio,
+                              latent_out, prev_rows=None, prev_row_indices=None):
     _native.fused_save_compress_norm(
         kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows, prev_row_indices,
     )
 
 
-@fused_save_compress_norm.register_fake
-def _(kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
-      rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows=None, prev_row_indices=None):
-    return None
-
-
-@torch.library.custom_op(f"{_LIB}::rope_quant_insert", mutates_args=("kv_cache",))
-def rope_quant_insert(
-    latent: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    compress_ratio: int,
-    fp8_scale: Optional[torch.Tensor] = None,
-    sanitize: Optional[bool] = None,
-) -> None:
+def _rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
+                       fp8_scale=None, sanitize=None):
     _native.rope_quant_insert(
         latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale,
         sanitize=sanitize,
     )
 
 
-@rope_quant_insert.register_fake
-def _(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale=None, sanitize=None):
-    return None
-
-
-@torch.library.custom_op(f"{_LIB}::save_ring_rows", mutates_args=("state_cache",))
-def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: torch.Tensor) -> None:
+def _save_ring_rows(rows, slot_mapping, state_cache):
     _native.save_ring_rows(rows, slot_mapping, state_cache)
 
 
-@save_ring_rows.register_fake
-def _(rows, slot_mapping, state_cache):
-    return None
-
-
-@torch.library.custom_op(
-    f"{_LIB}::fused_compress_insert", mutates_args=("state_cache", "latent_out", "kv_cache")
-)
-def fused_compress_insert(
-    kv_score: torch.Tensor,
-    positions: torch.Tensor,
-    state_cache: Optional[torch.Tensor],
-    slot_mapping: torch.Tensor,
-    query_start_loc: Optional[torch.Tensor],
-    token_to_req_indices: Optional[torch.Tensor],
-    rms_norm_weight: torch.Tensor,
-    rms_norm_eps: float,
-    compress_ratio: int,
-    latent_out: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    kv_cache: torch.Tensor,
-    cache_slot_mapping: torch.Tensor,
-    fp8_scale: Optional[torch.Tensor] = None,
-    prev_rows: Optional[torch.Tensor] = None,
-    prev_row_indices: Optional[torch.Tensor] = None,
-    skip_latent_out: bool = False,
-    sanitize: Optional[bool] = None,
-) -> None:
+def _fused_compress_insert(kv_score, positions, state_cache, slot_mapping, query_start_loc,
+                           token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio,
+                           latent_out, cos_sin_cache, kv_cache, cache_slot_mapping, fp8_scale=None,
+                           prev_rows=None, prev_row_indices=None, skip_latent_out=False, sanitize=None):
     _native.fused_compress_insert(
         kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache,
@@ -112,12 +77,31 @@ def fused_compress_insert(
     )
 
 
-@fused_compress_insert.register_fake
-def _(kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
-      rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache,
-      cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None,
-      skip_latent_out=False, sanitize=None):
+def _fake(*args, **kwargs):
+    """Tracing: the ops return nothing and only write their mutated inputs."""
     return None
+
+
+# The low-level registration (a schema plus CPU and CUDA kernels) costs
+# about half of what `torch.library.custom_op`'s Python wrapper adds per
+# eager call. ROCm builds of torch dispatch their tensors under CUDA too.
+_lib = torch.library.Library(_NS, "DEF")
+_register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
+for _name, _impl in [
+    ("fused_save_compress_norm", _fused_save_compress_norm),
+    ("rope_quant_insert", _rope_quant_insert),
+    ("save_ring_rows", _save_ring_rows),
+    ("fused_compress_insert", _fused_compress_insert),
+]:
+    _lib.define(_name + _SCHEMAS[_name])
+    _lib.impl(_name, _impl, "CPU")
+    _lib.impl(_name, _impl, "CUDA")
+    _register_fake(f"{_NS}::{_name}", lib=_lib)(_fake)
+
+fused_save_compress_norm = torch.ops.dsv4_kvcache.fused_save_compress_norm
+rope_quant_insert = torch.ops.dsv4_kvcache.rope_quant_insert
+save_ring_rows = torch.ops.dsv4_kvcache.save_ring_rows
+fused_compress_insert = torch.ops.dsv4_kvcache.fused_compress_insert
 
 
 # Inside torch.compile, the plain functions (native builtins dynamo cannot
