@@ -174,6 +174,12 @@ impl Storage for Vec<u8> {
     }
 }
 
+impl Storage for [u8] {
+    fn len_bytes(&self) -> usize {
+        self.len()
+    }
+}
+
 /// A read-only tensor argument: storage plus a view of it.
 #[derive(Debug)]
 pub struct Tensor<'a, S: ?Sized> {

@@ -15,6 +15,7 @@ use crate::ops::{
     FusedArgs, IndexPlan, InsertArgs, InsertPlan, RingArgs, RingPlan, RowsPlan, SkipCounts,
 };
 use crate::reference::{encode_record, pool_rows, rms_norm, Record};
+use crate::tensor::{Storage, Tensor, TensorDesc, TensorMut};
 use rayon::prelude::*;
 use std::sync::Mutex;
 
@@ -466,34 +467,163 @@ fn write_latents(p: &CompressPlan, out: &mut [u8], latents: &[Option<[u16; DIM]>
 }
 
 /// Binds `fused_save_compress_norm`'s inputs (everything but its outputs).
-fn bind_compress<'a>(p: &'a CompressPlan, a: &'a CompressArgs<'_, Vec<u8>>) -> CompressIn<'a> {
+fn bind_compress<'a, S: Bytes + ?Sized>(
+    p: &'a CompressPlan,
+    a: &'a CompressArgs<'_, S>,
+) -> CompressIn<'a> {
     CompressIn {
         p,
-        kv: a.kv_score.buf,
-        w: rd_weight(a.rms_norm_weight.buf, p.weight_offset),
-        ring: a.state_cache.as_ref().map_or(&[], |s| s.buf.as_slice()),
-        prev: a.prev_rows.as_ref().map(|t| t.buf.as_slice()),
-        positions: Ix::new(a.positions.buf, p.positions),
-        slots: Ix::new(a.slot_mapping.buf, p.slots),
+        kv: a.kv_score.buf.as_ref(),
+        w: rd_weight(a.rms_norm_weight.buf.as_ref(), p.weight_offset),
+        ring: a.state_cache.as_ref().map_or(&[], |s| s.buf.as_ref()),
+        prev: a.prev_rows.as_ref().map(|t| t.buf.as_ref()),
+        positions: Ix::new(a.positions.buf.as_ref(), p.positions),
+        slots: Ix::new(a.slot_mapping.buf.as_ref(), p.slots),
         qsl: a
             .query_start_loc
             .as_ref()
             .zip(p.query_start_loc)
-            .map(|(t, q)| Ix::new(t.buf, q)),
+            .map(|(t, q)| Ix::new(t.buf.as_ref(), q)),
         ttr: a
             .token_to_req_indices
             .as_ref()
             .zip(p.token_to_req)
-            .map(|(t, q)| Ix::new(t.buf, q)),
+            .map(|(t, q)| Ix::new(t.buf.as_ref(), q)),
         pri: a
             .prev_row_indices
             .as_ref()
             .zip(p.prev_row_indices)
-            .map(|(t, q)| Ix::new(t.buf, q)),
+            .map(|(t, q)| Ix::new(t.buf.as_ref(), q)),
     }
 }
 
+/// Byte storage the CPU backend computes on: its own `Vec<u8>` buffers, or
+/// caller memory bound as slices by the `*_host` entry points.
+trait Bytes: Storage + AsRef<[u8]> + AsMut<[u8]> {}
+impl<S: Storage + AsRef<[u8]> + AsMut<[u8]> + ?Sized> Bytes for S {}
+
 // ---- the backend ------------------------------------------------------------
+
+impl CpuBackend {
+    fn compress_on<S: Bytes + ?Sized>(&self, mut a: CompressArgs<'_, S>) -> Result<()> {
+        let p = plan_compress(&a)?;
+        let (latents, counts, ring_writes) = {
+            let c = bind_compress(&p, &a);
+            let (latents, mut counts) = self.run(|| compute_latents(&c));
+            // Ring stores happen after every ring read, as on the device.
+            let copies = ring_stores(&c, &mut counts);
+            (latents, counts, copies)
+        };
+        write_latents(&p, a.latent_out.buf.as_mut(), &latents);
+        if let Some(st) = a.state_cache.as_mut() {
+            apply_ring_stores(st.buf.as_mut(), a.kv_score.buf.as_ref(), &ring_writes);
+        }
+        self.count(counts);
+        Ok(())
+    }
+
+    fn insert_on<S: Bytes + ?Sized>(&self, a: InsertArgs<'_, S>, sanitize: bool) -> Result<()> {
+        let p = plan_insert(&a)?;
+        let c = InsertIn {
+            p: &p,
+            positions: Ix::new(a.positions.buf.as_ref(), p.positions),
+            slots: Ix::new(a.slot_mapping.buf.as_ref(), p.slots),
+            cos: a.cos_sin_cache.buf.as_ref(),
+            latent: a.latent.buf.as_ref(),
+            sanitize,
+            inv_fp8: inv_fp8_scale(&p, a.fp8_scale.as_ref().map(|t| t.buf.as_ref())),
+        };
+        let results: Vec<Insert> = self.run(|| {
+            (0..p.n)
+                .into_par_iter()
+                .map(|t| insert_one(&c, None, t))
+                .collect()
+        });
+        let mut counts = SkipCounts::default();
+        apply_inserts(
+            p.cache.layout,
+            a.kv_cache.buf.as_mut(),
+            results,
+            &mut counts,
+        );
+        self.count(counts);
+        Ok(())
+    }
+
+    fn ring_on<S: Bytes + ?Sized>(&self, a: RingArgs<'_, S>) -> Result<()> {
+        let p = plan_ring_rows(&a)?;
+        let mut counts = SkipCounts::default();
+        let cap = p.ring.capacity as i64;
+        let slots = Ix::new(a.slot_mapping.buf.as_ref(), p.slots);
+        let (rows, ring) = (a.rows.buf.as_ref(), a.state_cache.buf.as_mut());
+        for i in 0..p.n {
+            let slot = slots.at(i);
+            if slot < 0 {
+                continue;
+            }
+            let block = slot / cap;
+            if block as u64 >= p.ring.blocks as u64 {
+                counts.slot_out_of_range += 1;
+                continue;
+            }
+            let dst = ring_row_offset(&p.ring, block as usize, (slot % cap) as usize);
+            let src = p.rows.offset + 4 * i * p.rows.row_stride;
+            ring[dst..dst + 4096].copy_from_slice(&rows[src..src + 4096]);
+        }
+        self.count(counts);
+        Ok(())
+    }
+
+    fn fused_on<S: Bytes + ?Sized>(&self, mut a: FusedArgs<'_, S>, sanitize: bool) -> Result<()> {
+        let fp = plan_fused(&a)?;
+        let p = fp.compress;
+        let (latents, mut counts, inserts, ring_writes) = {
+            let c = bind_compress(&p, &a.compress);
+            let ins = InsertIn {
+                p: &fp.insert,
+                positions: Ix::new(a.compress.positions.buf.as_ref(), fp.insert.positions),
+                slots: Ix::new(a.cache_slot_mapping.buf.as_ref(), fp.insert.slots),
+                cos: a.cos_sin_cache.buf.as_ref(),
+                latent: &[],
+                sanitize,
+                inv_fp8: inv_fp8_scale(&fp.insert, a.fp8_scale.as_ref().map(|t| t.buf.as_ref())),
+            };
+            let (latents, mut counts, inserts) = self.run(|| {
+                let (latents, counts) = compute_latents(&c);
+                // A token the compressor produced no latent for is not inserted.
+                let inserts: Vec<Insert> = latents
+                    .par_iter()
+                    .enumerate()
+                    .map(|(t, l)| {
+                        l.as_ref()
+                            .map_or(Insert::None, |l| insert_one(&ins, Some(l), t))
+                    })
+                    .collect();
+                (latents, counts, inserts)
+            });
+            let copies = ring_stores(&c, &mut counts);
+            (latents, counts, inserts, copies)
+        };
+        if fp.write_latent {
+            write_latents(&p, a.compress.latent_out.buf.as_mut(), &latents);
+        }
+        apply_inserts(
+            fp.insert.cache.layout,
+            a.kv_cache.buf.as_mut(),
+            inserts,
+            &mut counts,
+        );
+        if let Some(st) = a.compress.state_cache.as_mut() {
+            apply_ring_stores(
+                st.buf.as_mut(),
+                a.compress.kv_score.buf.as_ref(),
+                &ring_writes,
+            );
+        }
+        self.count(counts);
+        Ok(())
+    }
+}
 
 impl Backend for CpuBackend {
     type Buffer = Vec<u8>;
@@ -534,109 +664,20 @@ impl Backend for CpuBackend {
         Ok(buf.clone())
     }
 
-    fn fused_save_compress_norm(&self, mut a: CompressArgs<'_, Vec<u8>>) -> Result<()> {
-        let p = plan_compress(&a)?;
-        let (latents, counts, ring_writes) = {
-            let c = bind_compress(&p, &a);
-            let (latents, mut counts) = self.run(|| compute_latents(&c));
-            // Ring stores happen after every ring read, as on the device.
-            let copies = ring_stores(&c, &mut counts);
-            (latents, counts, copies)
-        };
-        write_latents(&p, a.latent_out.buf, &latents);
-        if let Some(st) = a.state_cache.as_mut() {
-            apply_ring_stores(st.buf, a.kv_score.buf, &ring_writes);
-        }
-        self.count(counts);
-        Ok(())
+    fn fused_save_compress_norm(&self, a: CompressArgs<'_, Vec<u8>>) -> Result<()> {
+        self.compress_on(a)
     }
 
     fn rope_quant_insert(&self, a: InsertArgs<'_, Vec<u8>>) -> Result<()> {
-        let p = plan_insert(&a)?;
-        let c = InsertIn {
-            p: &p,
-            positions: Ix::new(a.positions.buf, p.positions),
-            slots: Ix::new(a.slot_mapping.buf, p.slots),
-            cos: a.cos_sin_cache.buf,
-            latent: a.latent.buf,
-            sanitize: self.sanitize,
-            inv_fp8: inv_fp8_scale(&p, a.fp8_scale.as_ref().map(|t| t.buf.as_slice())),
-        };
-        let results: Vec<Insert> = self.run(|| {
-            (0..p.n)
-                .into_par_iter()
-                .map(|t| insert_one(&c, None, t))
-                .collect()
-        });
-        let mut counts = SkipCounts::default();
-        apply_inserts(p.cache.layout, a.kv_cache.buf, results, &mut counts);
-        self.count(counts);
-        Ok(())
+        self.insert_on(a, self.sanitize)
     }
 
     fn save_ring_rows(&self, a: RingArgs<'_, Vec<u8>>) -> Result<()> {
-        let p = plan_ring_rows(&a)?;
-        let mut counts = SkipCounts::default();
-        let cap = p.ring.capacity as i64;
-        let slots = Ix::new(a.slot_mapping.buf, p.slots);
-        for i in 0..p.n {
-            let slot = slots.at(i);
-            if slot < 0 {
-                continue;
-            }
-            let block = slot / cap;
-            if block as u64 >= p.ring.blocks as u64 {
-                counts.slot_out_of_range += 1;
-                continue;
-            }
-            let dst = ring_row_offset(&p.ring, block as usize, (slot % cap) as usize);
-            let src = p.rows.offset + 4 * i * p.rows.row_stride;
-            a.state_cache.buf[dst..dst + 4096].copy_from_slice(&a.rows.buf[src..src + 4096]);
-        }
-        self.count(counts);
-        Ok(())
+        self.ring_on(a)
     }
 
-    fn fused_compress_insert(&self, mut a: FusedArgs<'_, Vec<u8>>) -> Result<()> {
-        let fp = plan_fused(&a)?;
-        let p = fp.compress;
-        let sanitize = self.sanitize;
-        let (latents, mut counts, inserts, ring_writes) = {
-            let c = bind_compress(&p, &a.compress);
-            let ins = InsertIn {
-                p: &fp.insert,
-                positions: Ix::new(a.compress.positions.buf, fp.insert.positions),
-                slots: Ix::new(a.cache_slot_mapping.buf, fp.insert.slots),
-                cos: a.cos_sin_cache.buf,
-                latent: &[],
-                sanitize,
-                inv_fp8: inv_fp8_scale(&fp.insert, a.fp8_scale.as_ref().map(|t| t.buf.as_slice())),
-            };
-            let (latents, mut counts, inserts) = self.run(|| {
-                let (latents, counts) = compute_latents(&c);
-                // A token the compressor produced no latent for is not inserted.
-                let inserts: Vec<Insert> = latents
-                    .par_iter()
-                    .enumerate()
-                    .map(|(t, l)| {
-                        l.as_ref()
-                            .map_or(Insert::None, |l| insert_one(&ins, Some(l), t))
-                    })
-                    .collect();
-                (latents, counts, inserts)
-            });
-            let copies = ring_stores(&c, &mut counts);
-            (latents, counts, inserts, copies)
-        };
-        if fp.write_latent {
-            write_latents(&p, a.compress.latent_out.buf, &latents);
-        }
-        apply_inserts(fp.insert.cache.layout, a.kv_cache.buf, inserts, &mut counts);
-        if let Some(st) = a.compress.state_cache.as_mut() {
-            apply_ring_stores(st.buf, a.compress.kv_score.buf, &ring_writes);
-        }
-        self.count(counts);
-        Ok(())
+    fn fused_compress_insert(&self, a: FusedArgs<'_, Vec<u8>>) -> Result<()> {
+        self.fused_on(a, self.sanitize)
     }
 
     fn take_skip_counts(&self) -> Result<SkipCounts> {
@@ -646,5 +687,303 @@ impl Backend for CpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+// ---- caller-owned host memory -----------------------------------------------
+
+/// Caller-owned host memory (a framework's CPU tensor) for the CPU
+/// backend's `unsafe` `*_host` entry points.
+///
+/// `ptr` is the address of byte 0 of the tensor's view; the descriptors give
+/// dtype, shape, strides and a byte offset from `ptr`, and `len` is the
+/// number of bytes from `ptr` the caller vouches for (views are checked
+/// against it, as against a buffer's length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawHost {
+    /// Address of byte 0 (may be null only when every view of it is empty).
+    pub ptr: *mut u8,
+    /// Bytes from `ptr` that may be read or written.
+    pub len: usize,
+}
+
+impl Storage for RawHost {
+    fn len_bytes(&self) -> usize {
+        self.len
+    }
+}
+
+/// One view's bytes `[start, end)` in the address space, `None` when empty.
+fn host_span(t: (&RawHost, &TensorDesc)) -> Option<(usize, usize)> {
+    let (b, d) = t;
+    let end = d.end_byte()? as usize;
+    (end > d.offset).then(|| (b.ptr as usize + d.offset, b.ptr as usize + end))
+}
+
+/// Rejects a written view that shares bytes with any other view: the CPU
+/// backend reads and writes through separate slices, which must not alias.
+fn host_disjoint(
+    written: &[(&'static str, Option<(usize, usize)>)],
+    all: &[(&'static str, Option<(usize, usize)>)],
+) -> Result<()> {
+    for &(w, ws) in written {
+        let Some((a0, a1)) = ws else { continue };
+        for &(o, os) in all {
+            if o == w {
+                continue;
+            }
+            if let Some((b0, b1)) = os {
+                if a0 < b1 && b0 < a1 {
+                    return Err(Error::Value {
+                        arg: w,
+                        problem: format!("shares memory with {o}; a written tensor must not overlap another argument"),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The view's bytes as a slice starting at its first byte, and the view
+/// rebased to offset 0.
+///
+/// # Safety
+/// `b` is valid for reads of `desc.end_byte()` bytes (checked by a plan).
+unsafe fn host_slice<'a>(b: &RawHost, desc: &TensorDesc) -> (&'a [u8], TensorDesc) {
+    match host_span((b, desc)) {
+        // SAFETY: the plan checked the view lies within `len` bytes of `ptr`.
+        Some((s, e)) => (
+            unsafe { std::slice::from_raw_parts(s as *const u8, e - s) },
+            desc.with_offset(0),
+        ),
+        None => (&[], TensorDesc::contiguous(desc.dtype, &[0])),
+    }
+}
+
+/// As [`host_slice`], writable.
+///
+/// # Safety
+/// As [`host_slice`], and no other live reference covers these bytes.
+unsafe fn host_slice_mut<'a>(b: &RawHost, desc: &TensorDesc) -> (&'a mut [u8], TensorDesc) {
+    match host_span((b, desc)) {
+        // SAFETY: as in `host_slice`; `host_disjoint` ruled out aliasing.
+        Some((s, e)) => (
+            unsafe { std::slice::from_raw_parts_mut(s as *mut u8, e - s) },
+            desc.with_offset(0),
+        ),
+        None => (&mut [], TensorDesc::contiguous(desc.dtype, &[0])),
+    }
+}
+
+fn span_of(t: &Tensor<'_, RawHost>) -> Option<(usize, usize)> {
+    host_span((t.buf, &t.desc))
+}
+
+fn span_of_mut(t: &TensorMut<'_, RawHost>) -> Option<(usize, usize)> {
+    host_span((&*t.buf, &t.desc))
+}
+
+macro_rules! bind_ro {
+    ($t:expr) => {{
+        let (b, d) = host_slice($t.buf, &$t.desc);
+        Tensor::new(b, d)
+    }};
+}
+
+macro_rules! bind_rw {
+    ($t:expr) => {{
+        let (b, d) = host_slice_mut(&*$t.buf, &$t.desc);
+        TensorMut::new(b, d)
+    }};
+}
+
+/// CR1 ignores the ring-side arguments (as the seed does), so they are
+/// neither bound nor checked.
+fn host_compress_spans(
+    a: &CompressArgs<'_, RawHost>,
+) -> Vec<(&'static str, Option<(usize, usize)>)> {
+    let mut v = vec![
+        ("kv_score", span_of(&a.kv_score)),
+        ("positions", span_of(&a.positions)),
+        ("slot_mapping", span_of(&a.slot_mapping)),
+        ("rms_norm_weight", span_of(&a.rms_norm_weight)),
+        ("latent_out", span_of_mut(&a.latent_out)),
+    ];
+    if a.compress_ratio == 2 {
+        v.push(("state_cache", a.state_cache.as_ref().and_then(span_of_mut)));
+        v.push((
+            "query_start_loc",
+            a.query_start_loc.as_ref().and_then(span_of),
+        ));
+        v.push((
+            "token_to_req_indices",
+            a.token_to_req_indices.as_ref().and_then(span_of),
+        ));
+        v.push(("prev_rows", a.prev_rows.as_ref().and_then(span_of)));
+        v.push((
+            "prev_row_indices",
+            a.prev_row_indices.as_ref().and_then(span_of),
+        ));
+    }
+    v
+}
+
+/// # Safety
+/// As [`CpuBackend::fused_save_compress_norm_host`], after validation.
+unsafe fn bind_compress_host<'a>(a: &CompressArgs<'a, RawHost>) -> CompressArgs<'a, [u8]> {
+    let cr2 = a.compress_ratio == 2;
+    // SAFETY (all binds): validated extents; written views checked disjoint.
+    unsafe {
+        CompressArgs {
+            kv_score: bind_ro!(a.kv_score),
+            positions: bind_ro!(a.positions),
+            state_cache: a.state_cache.as_ref().filter(|_| cr2).map(|t| bind_rw!(t)),
+            slot_mapping: bind_ro!(a.slot_mapping),
+            query_start_loc: a
+                .query_start_loc
+                .as_ref()
+                .filter(|_| cr2)
+                .map(|t| bind_ro!(t)),
+            token_to_req_indices: a
+                .token_to_req_indices
+                .as_ref()
+                .filter(|_| cr2)
+                .map(|t| bind_ro!(t)),
+            rms_norm_weight: bind_ro!(a.rms_norm_weight),
+            rms_norm_eps: a.rms_norm_eps,
+            compress_ratio: a.compress_ratio,
+            latent_out: bind_rw!(a.latent_out),
+            prev_rows: a.prev_rows.as_ref().filter(|_| cr2).map(|t| bind_ro!(t)),
+            prev_row_indices: a
+                .prev_row_indices
+                .as_ref()
+                .filter(|_| cr2)
+                .map(|t| bind_ro!(t)),
+        }
+    }
+}
+
+/// The CPU backend over caller-owned host memory: the same validation (the
+/// `plan_*` functions, against each [`RawHost::len`]) and the same code as
+/// the safe API, writing straight into the caller's tensors. A written
+/// tensor that overlaps another argument is an [`Error::Value`].
+///
+/// # Safety (every `*_host` function)
+/// Every [`RawHost`] is valid for reads of its `len` bytes (and for writes
+/// where it backs a written tensor), and nothing else reads or writes those
+/// bytes during the call.
+impl CpuBackend {
+    /// `rope_quant_insert` on caller memory, with NaN sanitizing as given.
+    ///
+    /// # Safety
+    /// See the `impl` block.
+    pub unsafe fn rope_quant_insert_host(
+        &self,
+        a: &InsertArgs<'_, RawHost>,
+        sanitize: bool,
+    ) -> Result<()> {
+        plan_insert(a)?;
+        let spans = [
+            ("latent", span_of(&a.latent)),
+            ("positions", span_of(&a.positions)),
+            ("cos_sin_cache", span_of(&a.cos_sin_cache)),
+            ("slot_mapping", span_of(&a.slot_mapping)),
+            ("fp8_scale", a.fp8_scale.as_ref().and_then(span_of)),
+            ("kv_cache", span_of_mut(&a.kv_cache)),
+        ];
+        host_disjoint(&spans[5..], &spans)?;
+        // SAFETY: validated extents; the written view is disjoint from the rest.
+        let bound = unsafe {
+            InsertArgs {
+                latent: bind_ro!(a.latent),
+                positions: bind_ro!(a.positions),
+                cos_sin_cache: bind_ro!(a.cos_sin_cache),
+                kv_cache: bind_rw!(a.kv_cache),
+                slot_mapping: bind_ro!(a.slot_mapping),
+                compress_ratio: a.compress_ratio,
+                fp8_scale: a.fp8_scale.as_ref().map(|t| bind_ro!(t)),
+            }
+        };
+        self.insert_on(bound, sanitize)
+    }
+
+    /// `fused_save_compress_norm` on caller memory.
+    ///
+    /// # Safety
+    /// See the `impl` block.
+    pub unsafe fn fused_save_compress_norm_host(
+        &self,
+        a: &CompressArgs<'_, RawHost>,
+    ) -> Result<()> {
+        plan_compress(a)?;
+        let spans = host_compress_spans(a);
+        let written: Vec<_> = spans
+            .iter()
+            .copied()
+            .filter(|s| matches!(s.0, "latent_out" | "state_cache"))
+            .collect();
+        host_disjoint(&written, &spans)?;
+        // SAFETY: validated, disjoint.
+        self.compress_on(unsafe { bind_compress_host(a) })
+    }
+
+    /// `save_ring_rows` on caller memory.
+    ///
+    /// # Safety
+    /// See the `impl` block.
+    pub unsafe fn save_ring_rows_host(&self, a: &RingArgs<'_, RawHost>) -> Result<()> {
+        plan_ring_rows(a)?;
+        let spans = [
+            ("rows", span_of(&a.rows)),
+            ("slot_mapping", span_of(&a.slot_mapping)),
+            ("state_cache", span_of_mut(&a.state_cache)),
+        ];
+        host_disjoint(&spans[2..], &spans)?;
+        // SAFETY: validated, disjoint.
+        let bound = unsafe {
+            RingArgs {
+                rows: bind_ro!(a.rows),
+                slot_mapping: bind_ro!(a.slot_mapping),
+                state_cache: bind_rw!(a.state_cache),
+            }
+        };
+        self.ring_on(bound)
+    }
+
+    /// The fused compress + insert on caller memory, with NaN sanitizing as
+    /// given.
+    ///
+    /// # Safety
+    /// See the `impl` block.
+    pub unsafe fn fused_compress_insert_host(
+        &self,
+        a: &FusedArgs<'_, RawHost>,
+        sanitize: bool,
+    ) -> Result<()> {
+        plan_fused(a)?;
+        let mut spans = host_compress_spans(&a.compress);
+        spans.push(("cos_sin_cache", span_of(&a.cos_sin_cache)));
+        spans.push(("cache_slot_mapping", span_of(&a.cache_slot_mapping)));
+        spans.push(("fp8_scale", a.fp8_scale.as_ref().and_then(span_of)));
+        spans.push(("kv_cache", span_of_mut(&a.kv_cache)));
+        let written: Vec<_> = spans
+            .iter()
+            .copied()
+            .filter(|s| matches!(s.0, "latent_out" | "state_cache" | "kv_cache"))
+            .collect();
+        host_disjoint(&written, &spans)?;
+        // SAFETY: validated, disjoint.
+        let bound = unsafe {
+            FusedArgs {
+                compress: bind_compress_host(&a.compress),
+                skip_latent_out: a.skip_latent_out,
+                cos_sin_cache: bind_ro!(a.cos_sin_cache),
+                kv_cache: bind_rw!(a.kv_cache),
+                cache_slot_mapping: bind_ro!(a.cache_slot_mapping),
+                fp8_scale: a.fp8_scale.as_ref().map(|t| bind_ro!(t)),
+            }
+        };
+        self.fused_on(bound, sanitize)
     }
 }

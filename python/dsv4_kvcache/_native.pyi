@@ -1,0 +1,60 @@
+from typing import Optional, Tuple
+
+import torch
+
+__version__: str
+
+def fused_save_compress_norm(
+    kv_score: torch.Tensor,
+    positions: torch.Tensor,
+    state_cache: Optional[torch.Tensor],
+    slot_mapping: torch.Tensor,
+    query_start_loc: Optional[torch.Tensor],
+    token_to_req_indices: Optional[torch.Tensor],
+    rms_norm_weight: torch.Tensor,
+    rms_norm_eps: float,
+    compress_ratio: int,
+    latent_out: torch.Tensor,
+    prev_rows: Optional[torch.Tensor] = None,
+    prev_row_indices: Optional[torch.Tensor] = None,
+) -> None: ...
+def rope_quant_insert(
+    latent: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    compress_ratio: int,
+    fp8_scale: Optional[torch.Tensor] = None,
+    *,
+    sanitize: Optional[bool] = None,
+) -> None: ...
+def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: torch.Tensor) -> None: ...
+def fused_compress_insert(
+    kv_score: torch.Tensor,
+    positions: torch.Tensor,
+    state_cache: Optional[torch.Tensor],
+    slot_mapping: torch.Tensor,
+    query_start_loc: Optional[torch.Tensor],
+    token_to_req_indices: Optional[torch.Tensor],
+    rms_norm_weight: torch.Tensor,
+    rms_norm_eps: float,
+    compress_ratio: int,
+    latent_out: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    cache_slot_mapping: torch.Tensor,
+    fp8_scale: Optional[torch.Tensor] = None,
+    prev_rows: Optional[torch.Tensor] = None,
+    prev_row_indices: Optional[torch.Tensor] = None,
+    *,
+    skip_latent_out: bool = False,
+    sanitize: Optional[bool] = None,
+) -> None: ...
+def _take_skip_counts(device_type: str, index: int) -> Tuple[int, int, int]: ...
+def _init(device_type: str, index: int) -> str: ...
+def _features() -> Tuple[bool, bool]: ...
+def _reference_rope_quant_insert(*args: object, **kwargs: object) -> Tuple[int, int, int]: ...
+def _reference_fused_save_compress_norm(*args: object, **kwargs: object) -> Tuple[int, int, int]: ...
+def _reference_save_ring_rows(*args: object, **kwargs: object) -> Tuple[int, int, int]: ...
+def _reference_fused_compress_insert(*args: object, **kwargs: object) -> Tuple[int, int, int]: ...

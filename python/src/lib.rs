@@ -1,0 +1,497 @@
+//! `dsv4_kvcache._native`: the seed's three functions and the fused launch
+//! over PyTorch tensors, read through their Python attributes (no libtorch),
+//! on the CPU backend (CPU tensors), the CUDA backend (CUDA tensors, torch's
+//! current stream) or the HIP backend (ROCm builds of torch).
+
+mod device;
+mod reference;
+mod tensor;
+
+use device::{CompressViews, FusedViews, InsertViews, RingViews};
+use pyo3::prelude::*;
+use tensor::{common_device, opt_view, ratio, torch, view, Dev, Torch};
+
+type Any<'py> = Bound<'py, PyAny>;
+
+#[allow(clippy::too_many_arguments)]
+fn read_insert(
+    py: Python<'_>,
+    t: &Torch,
+    latent: &Any<'_>,
+    positions: &Any<'_>,
+    cos_sin_cache: &Any<'_>,
+    kv_cache: &Any<'_>,
+    slot_mapping: &Any<'_>,
+    compress_ratio: i64,
+    fp8_scale: Option<&Any<'_>>,
+) -> PyResult<(Dev, InsertViews)> {
+    let v = InsertViews {
+        latent: view(py, t, "latent", latent)?,
+        positions: view(py, t, "positions", positions)?,
+        cos_sin_cache: view(py, t, "cos_sin_cache", cos_sin_cache)?,
+        kv_cache: view(py, t, "kv_cache", kv_cache)?,
+        slot_mapping: view(py, t, "slot_mapping", slot_mapping)?,
+        fp8_scale: opt_view(py, t, "fp8_scale", fp8_scale)?,
+        compress_ratio: ratio(compress_ratio),
+    };
+    let dev = common_device(&[
+        ("latent", Some(&v.latent)),
+        ("positions", Some(&v.positions)),
+        ("cos_sin_cache", Some(&v.cos_sin_cache)),
+        ("kv_cache", Some(&v.kv_cache)),
+        ("slot_mapping", Some(&v.slot_mapping)),
+        ("fp8_scale", v.fp8_scale.as_ref()),
+    ])?;
+    Ok((dev, v))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn read_compress(
+    py: Python<'_>,
+    t: &Torch,
+    kv_score: &Any<'_>,
+    positions: &Any<'_>,
+    state_cache: Option<&Any<'_>>,
+    slot_mapping: &Any<'_>,
+    query_start_loc: Option<&Any<'_>>,
+    token_to_req_indices: Option<&Any<'_>>,
+    rms_norm_weight: &Any<'_>,
+    rms_norm_eps: f64,
+    compress_ratio: i64,
+    latent_out: &Any<'_>,
+    prev_rows: Option<&Any<'_>>,
+    prev_row_indices: Option<&Any<'_>>,
+) -> PyResult<CompressViews> {
+    Ok(CompressViews {
+        kv_score: view(py, t, "kv_score", kv_score)?,
+        positions: view(py, t, "positions", positions)?,
+        state_cache: opt_view(py, t, "state_cache", state_cache)?,
+        slot_mapping: view(py, t, "slot_mapping", slot_mapping)?,
+        query_start_loc: opt_view(py, t, "query_start_loc", query_start_loc)?,
+        token_to_req_indices: opt_view(py, t, "token_to_req_indices", token_to_req_indices)?,
+        rms_norm_weight: view(py, t, "rms_norm_weight", rms_norm_weight)?,
+        rms_norm_eps: rms_norm_eps as f32,
+        compress_ratio: ratio(compress_ratio),
+        latent_out: view(py, t, "latent_out", latent_out)?,
+        prev_rows: opt_view(py, t, "prev_rows", prev_rows)?,
+        prev_row_indices: opt_view(py, t, "prev_row_indices", prev_row_indices)?,
+    })
+}
+
+fn compress_list(v: &CompressViews) -> Vec<(&'static str, Option<&tensor::View>)> {
+    // CR1 ignores the ring-side arguments (as the seed does), wherever they are.
+    let cr2 = v.compress_ratio == 2;
+    fn o(x: &Option<tensor::View>, cr2: bool) -> Option<&tensor::View> {
+        x.as_ref().filter(|_| cr2)
+    }
+    vec![
+        ("kv_score", Some(&v.kv_score)),
+        ("positions", Some(&v.positions)),
+        ("state_cache", o(&v.state_cache, cr2)),
+        ("slot_mapping", Some(&v.slot_mapping)),
+        ("query_start_loc", o(&v.query_start_loc, cr2)),
+        ("token_to_req_indices", o(&v.token_to_req_indices, cr2)),
+        ("rms_norm_weight", Some(&v.rms_norm_weight)),
+        ("latent_out", Some(&v.latent_out)),
+        ("prev_rows", o(&v.prev_rows, cr2)),
+        ("prev_row_indices", o(&v.prev_row_indices, cr2)),
+    ]
+}
+
+fn read_ring(
+    py: Python<'_>,
+    t: &Torch,
+    rows: &Any<'_>,
+    slot_mapping: &Any<'_>,
+    state_cache: &Any<'_>,
+) -> PyResult<(Dev, RingViews)> {
+    let v = RingViews {
+        rows: view(py, t, "rows", rows)?,
+        slot_mapping: view(py, t, "slot_mapping", slot_mapping)?,
+        state_cache: view(py, t, "state_cache", state_cache)?,
+    };
+    let dev = common_device(&[
+        ("rows", Some(&v.rows)),
+        ("slot_mapping", Some(&v.slot_mapping)),
+        ("state_cache", Some(&v.state_cache)),
+    ])?;
+    Ok((dev, v))
+}
+
+/// Pool each closed group into a normalized BF16 latent; save FP32 states
+/// (the seed's `fused_save_compress_norm`, same arguments and in-place
+/// semantics).
+#[pyfunction]
+#[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows=None, prev_row_indices=None))]
+#[allow(clippy::too_many_arguments)]
+fn fused_save_compress_norm(
+    py: Python<'_>,
+    kv_score: &Any<'_>,
+    positions: &Any<'_>,
+    state_cache: Option<&Any<'_>>,
+    slot_mapping: &Any<'_>,
+    query_start_loc: Option<&Any<'_>>,
+    token_to_req_indices: Option<&Any<'_>>,
+    rms_norm_weight: &Any<'_>,
+    rms_norm_eps: f64,
+    compress_ratio: i64,
+    latent_out: &Any<'_>,
+    prev_rows: Option<&Any<'_>>,
+    prev_row_indices: Option<&Any<'_>>,
+) -> PyResult<()> {
+    let t = torch(py)?;
+    let v = read_compress(
+        py,
+        t,
+        kv_score,
+        positions,
+        state_cache,
+        slot_mapping,
+        query_start_loc,
+        token_to_req_indices,
+        rms_norm_weight,
+        rms_norm_eps,
+        compress_ratio,
+        latent_out,
+        prev_rows,
+        prev_row_indices,
+    )?;
+    let dev = common_device(&compress_list(&v))?;
+    device::fused_save_compress_norm(py, t, dev, &v)
+}
+
+/// Apply GPT-J RoPE and publish a latent to the compressed KV cache (the
+/// seed's `rope_quant_insert`; the layout follows the cache's dtype and last
+/// dimension). `sanitize`: NaN sanitizing, `None` = the device's default.
+#[pyfunction]
+#[pyo3(signature = (latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale=None, *, sanitize=None))]
+#[allow(clippy::too_many_arguments)]
+fn rope_quant_insert(
+    py: Python<'_>,
+    latent: &Any<'_>,
+    positions: &Any<'_>,
+    cos_sin_cache: &Any<'_>,
+    kv_cache: &Any<'_>,
+    slot_mapping: &Any<'_>,
+    compress_ratio: i64,
+    fp8_scale: Option<&Any<'_>>,
+    sanitize: Option<bool>,
+) -> PyResult<()> {
+    let t = torch(py)?;
+    let (dev, v) = read_insert(
+        py,
+        t,
+        latent,
+        positions,
+        cos_sin_cache,
+        kv_cache,
+        slot_mapping,
+        compress_ratio,
+        fp8_scale,
+    )?;
+    device::rope_quant_insert(py, t, dev, &v, sanitize)
+}
+
+/// Store FP32 [kv, score] rows to their ring slots, skipping slot -1 (the
+/// seed's `save_ring_rows`).
+#[pyfunction]
+#[pyo3(signature = (rows, slot_mapping, state_cache))]
+fn save_ring_rows(
+    py: Python<'_>,
+    rows: &Any<'_>,
+    slot_mapping: &Any<'_>,
+    state_cache: &Any<'_>,
+) -> PyResult<()> {
+    let t = torch(py)?;
+    let (dev, v) = read_ring(py, t, rows, slot_mapping, state_cache)?;
+    device::save_ring_rows(py, t, dev, &v)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn read_fused<'py>(
+    py: Python<'py>,
+    t: &Torch,
+    kv_score: &Any<'py>,
+    positions: &Any<'py>,
+    state_cache: Option<&Any<'py>>,
+    slot_mapping: &Any<'py>,
+    query_start_loc: Option<&Any<'py>>,
+    token_to_req_indices: Option<&Any<'py>>,
+    rms_norm_weight: &Any<'py>,
+    rms_norm_eps: f64,
+    compress_ratio: i64,
+    latent_out: &Any<'py>,
+    cos_sin_cache: &Any<'py>,
+    kv_cache: &Any<'py>,
+    cache_slot_mapping: &Any<'py>,
+    fp8_scale: Option<&Any<'py>>,
+    prev_rows: Option<&Any<'py>>,
+    prev_row_indices: Option<&Any<'py>>,
+    skip_latent_out: bool,
+) -> PyResult<(Dev, FusedViews)> {
+    let compress = read_compress(
+        py,
+        t,
+        kv_score,
+        positions,
+        state_cache,
+        slot_mapping,
+        query_start_loc,
+        token_to_req_indices,
+        rms_norm_weight,
+        rms_norm_eps,
+        compress_ratio,
+        latent_out,
+        prev_rows,
+        prev_row_indices,
+    )?;
+    let v = FusedViews {
+        compress,
+        skip_latent_out,
+        cos_sin_cache: view(py, t, "cos_sin_cache", cos_sin_cache)?,
+        kv_cache: view(py, t, "kv_cache", kv_cache)?,
+        cache_slot_mapping: view(py, t, "cache_slot_mapping", cache_slot_mapping)?,
+        fp8_scale: opt_view(py, t, "fp8_scale", fp8_scale)?,
+    };
+    let mut list = compress_list(&v.compress);
+    list.push(("cos_sin_cache", Some(&v.cos_sin_cache)));
+    list.push(("kv_cache", Some(&v.kv_cache)));
+    list.push(("cache_slot_mapping", Some(&v.cache_slot_mapping)));
+    list.push(("fp8_scale", v.fp8_scale.as_ref()));
+    let dev = common_device(&list)?;
+    Ok((dev, v))
+}
+
+/// `fused_save_compress_norm` then `rope_quant_insert` in one launch: the
+/// compressor's arguments, then the insert's (`cache_slot_mapping` are the
+/// cache slots; for CR2 `slot_mapping` holds ring slots). `latent_out` is
+/// still written unless `skip_latent_out`.
+#[pyfunction]
+#[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache, cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None, *, skip_latent_out=false, sanitize=None))]
+#[allow(clippy::too_many_arguments)]
+fn fused_compress_insert(
+    py: Python<'_>,
+    kv_score: &Any<'_>,
+    positions: &Any<'_>,
+    state_cache: Option<&Any<'_>>,
+    slot_mapping: &Any<'_>,
+    query_start_loc: Option<&Any<'_>>,
+    token_to_req_indices: Option<&Any<'_>>,
+    rms_norm_weight: &Any<'_>,
+    rms_norm_eps: f64,
+    compress_ratio: i64,
+    latent_out: &Any<'_>,
+    cos_sin_cache: &Any<'_>,
+    kv_cache: &Any<'_>,
+    cache_slot_mapping: &Any<'_>,
+    fp8_scale: Option<&Any<'_>>,
+    prev_rows: Option<&Any<'_>>,
+    prev_row_indices: Option<&Any<'_>>,
+    skip_latent_out: bool,
+    sanitize: Option<bool>,
+) -> PyResult<()> {
+    let t = torch(py)?;
+    let (dev, v) = read_fused(
+        py,
+        t,
+        kv_score,
+        positions,
+        state_cache,
+        slot_mapping,
+        query_start_loc,
+        token_to_req_indices,
+        rms_norm_weight,
+        rms_norm_eps,
+        compress_ratio,
+        latent_out,
+        cos_sin_cache,
+        kv_cache,
+        cache_slot_mapping,
+        fp8_scale,
+        prev_rows,
+        prev_row_indices,
+        skip_latent_out,
+    )?;
+    device::fused_compress_insert(py, t, dev, &v, sanitize)
+}
+
+/// Takes and resets the skip counts of the backend of `device_type`
+/// (`"cpu"` or `"cuda"`) device `index`: (slot, position, index) out of
+/// range. The caller synchronizes a GPU first.
+#[pyfunction]
+fn _take_skip_counts(device_type: &str, index: i32) -> PyResult<(u64, u64, u64)> {
+    let dev = match device_type {
+        "cpu" => Dev::Cpu,
+        _ => Dev::Cuda(index),
+    };
+    let c = device::take_skip_counts(dev)?;
+    Ok((
+        c.slot_out_of_range,
+        c.position_out_of_range,
+        c.index_out_of_range,
+    ))
+}
+
+/// Creates the backend of a device (before a graph capture) and returns its name.
+#[pyfunction]
+fn _init(py: Python<'_>, device_type: &str, index: i32) -> PyResult<String> {
+    let t = torch(py)?;
+    let dev = match device_type {
+        "cpu" => Dev::Cpu,
+        _ => Dev::Cuda(index),
+    };
+    device::init(py, t, dev)
+}
+
+// ---- the reference twins (CPU tensors; the safe API on copies) -------------------
+
+#[pyfunction]
+#[pyo3(signature = (latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale=None, *, sanitize=false))]
+#[allow(clippy::too_many_arguments)]
+fn _reference_rope_quant_insert(
+    py: Python<'_>,
+    latent: &Any<'_>,
+    positions: &Any<'_>,
+    cos_sin_cache: &Any<'_>,
+    kv_cache: &Any<'_>,
+    slot_mapping: &Any<'_>,
+    compress_ratio: i64,
+    fp8_scale: Option<&Any<'_>>,
+    sanitize: bool,
+) -> PyResult<(u64, u64, u64)> {
+    let t = torch(py)?;
+    let (_, v) = read_insert(
+        py,
+        t,
+        latent,
+        positions,
+        cos_sin_cache,
+        kv_cache,
+        slot_mapping,
+        compress_ratio,
+        fp8_scale,
+    )?;
+    reference::insert(&v, sanitize)
+}
+
+#[pyfunction]
+#[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows=None, prev_row_indices=None))]
+#[allow(clippy::too_many_arguments)]
+fn _reference_fused_save_compress_norm(
+    py: Python<'_>,
+    kv_score: &Any<'_>,
+    positions: &Any<'_>,
+    state_cache: Option<&Any<'_>>,
+    slot_mapping: &Any<'_>,
+    query_start_loc: Option<&Any<'_>>,
+    token_to_req_indices: Option<&Any<'_>>,
+    rms_norm_weight: &Any<'_>,
+    rms_norm_eps: f64,
+    compress_ratio: i64,
+    latent_out: &Any<'_>,
+    prev_rows: Option<&Any<'_>>,
+    prev_row_indices: Option<&Any<'_>>,
+) -> PyResult<(u64, u64, u64)> {
+    let t = torch(py)?;
+    let v = read_compress(
+        py,
+        t,
+        kv_score,
+        positions,
+        state_cache,
+        slot_mapping,
+        query_start_loc,
+        token_to_req_indices,
+        rms_norm_weight,
+        rms_norm_eps,
+        compress_ratio,
+        latent_out,
+        prev_rows,
+        prev_row_indices,
+    )?;
+    reference::compress(&v)
+}
+
+#[pyfunction]
+fn _reference_save_ring_rows(
+    py: Python<'_>,
+    rows: &Any<'_>,
+    slot_mapping: &Any<'_>,
+    state_cache: &Any<'_>,
+) -> PyResult<(u64, u64, u64)> {
+    let t = torch(py)?;
+    let (_, v) = read_ring(py, t, rows, slot_mapping, state_cache)?;
+    reference::ring(&v)
+}
+
+#[pyfunction]
+#[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache, cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None, *, skip_latent_out=false, sanitize=false))]
+#[allow(clippy::too_many_arguments)]
+fn _reference_fused_compress_insert(
+    py: Python<'_>,
+    kv_score: &Any<'_>,
+    positions: &Any<'_>,
+    state_cache: Option<&Any<'_>>,
+    slot_mapping: &Any<'_>,
+    query_start_loc: Option<&Any<'_>>,
+    token_to_req_indices: Option<&Any<'_>>,
+    rms_norm_weight: &Any<'_>,
+    rms_norm_eps: f64,
+    compress_ratio: i64,
+    latent_out: &Any<'_>,
+    cos_sin_cache: &Any<'_>,
+    kv_cache: &Any<'_>,
+    cache_slot_mapping: &Any<'_>,
+    fp8_scale: Option<&Any<'_>>,
+    prev_rows: Option<&Any<'_>>,
+    prev_row_indices: Option<&Any<'_>>,
+    skip_latent_out: bool,
+    sanitize: bool,
+) -> PyResult<(u64, u64, u64)> {
+    let t = torch(py)?;
+    let (_, v) = read_fused(
+        py,
+        t,
+        kv_score,
+        positions,
+        state_cache,
+        slot_mapping,
+        query_start_loc,
+        token_to_req_indices,
+        rms_norm_weight,
+        rms_norm_eps,
+        compress_ratio,
+        latent_out,
+        cos_sin_cache,
+        kv_cache,
+        cache_slot_mapping,
+        fp8_scale,
+        prev_rows,
+        prev_row_indices,
+        skip_latent_out,
+    )?;
+    reference::fused(&v, sanitize)
+}
+
+/// Which backends this build has: (`cuda`, `hip`).
+#[pyfunction]
+fn _features() -> (bool, bool) {
+    (cfg!(feature = "cuda"), cfg!(feature = "hip"))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(fused_save_compress_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(rope_quant_insert, m)?)?;
+    m.add_function(wrap_pyfunction!(save_ring_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(fused_compress_insert, m)?)?;
+    m.add_function(wrap_pyfunction!(_take_skip_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(_init, m)?)?;
+    m.add_function(wrap_pyfunction!(_reference_rope_quant_insert, m)?)?;
+    m.add_function(wrap_pyfunction!(_reference_fused_save_compress_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(_reference_save_ring_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(_reference_fused_compress_insert, m)?)?;
+    m.add_function(wrap_pyfunction!(_features, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

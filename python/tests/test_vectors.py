@@ -1,0 +1,54 @@
+"""The committed test vectors (outputs of the seed's Triton kernels on an
+H200) replayed through the Python API."""
+
+import glob
+import json
+import os
+import struct
+
+import pytest
+import torch
+
+import dsv4_kvcache as dk
+
+from cases import same_bytes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FILES = sorted(glob.glob(os.path.join(ROOT, "tests", "vectors", "*.safetensors")))
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "U8": torch.uint8, "I64": torch.int64,
+          "I32": torch.int32, "F8_E4M3": torch.float8_e4m3fn}
+
+
+def load(path):
+    """A safetensors file: 8-byte header length, JSON header, data."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    data = bytearray(raw[8 + n:])
+    out = {}
+    for name, h in header.items():
+        a, b = h["data_offsets"]
+        buf = torch.frombuffer(data[a:b], dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
+        out[name] = buf.view(DTYPES[h["dtype"]]).reshape(h["shape"]).clone()
+    return meta, out
+
+
+def test_vectors_present():
+    assert len(FILES) == 8, FILES
+
+
+@pytest.mark.parametrize("path", FILES, ids=[os.path.basename(p) for p in FILES])
+def test_replay(path):
+    meta, t = load(path)
+    assert meta["op"] == "rope_quant_insert"
+    cache = t["in.kv_cache"].clone()
+    dk.rope_quant_insert(t["in.latent"], t["in.positions"], t["in.cos_sin"], cache, t["in.slot_mapping"],
+                         int(meta["compress_ratio"]), sanitize=meta["sanitize"] == "true")
+    assert same_bytes(cache, t["out.kv_cache"])
+    # The registered operator gives the same bytes.
+    cache2 = t["in.kv_cache"].clone()
+    dk.ops.rope_quant_insert(t["in.latent"], t["in.positions"], t["in.cos_sin"], cache2, t["in.slot_mapping"],
+                             int(meta["compress_ratio"]), None, meta["sanitize"] == "true")
+    assert same_bytes(cache2, t["out.kv_cache"])
