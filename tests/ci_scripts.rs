@@ -284,3 +284,11 @@ fn bench_compare_script_makes_the_table() {
         "{text}"
     );
 }
+
+/// `scripts/gpu-check.sh` (the CUDA-side checks on an NVIDIA machine) names
+/// only existing test targets and subcommands.
+#[test]
+fn gpu_check_script_names_only_existing_things() {
+    let tests = script_names_only_existing_things("scripts/gpu-check.sh", "$bin/");
+    assert!(tests >= 4, "gpu-check.sh runs {tests} test binaries");
+}
