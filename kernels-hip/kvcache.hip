@@ -1255,3 +1255,6 @@ KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_mxfp8, KV_LAYOUT_MXFP8, true)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_nvfp4, KV_LAYOUT_NVFP4, true)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_bf16, KV_LAYOUT_BF16, true)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_fp8, KV_LAYOUT_FP8, true)
+
+// The reader (gather_dequant).
+#include "kv_gather.h"

@@ -9,6 +9,7 @@
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::formats::bf16_to_f32;
+use crate::gather::{gather_reference, plan_gather, GatherArgs, GatherDequant};
 use crate::layout::{RecordLayout, DIM};
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, CachePlan, CompressArgs, CompressPlan,
@@ -645,6 +646,15 @@ impl Backend for CpuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl GatherDequant for CpuBackend {
+    fn gather_dequant(&self, a: GatherArgs<'_, Vec<u8>>) -> Result<()> {
+        let p = plan_gather(&a)?;
+        let counts = self.run(|| gather_reference(&p, a));
+        self.count(counts);
         Ok(())
     }
 }
