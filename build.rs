@@ -15,6 +15,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "build/abi.rs"]
+mod abi;
+
 const DEFAULT_CUDA_ARCHS: &str = "sm_90,sm_100";
 const DEFAULT_HIP_ARCHS: &str = "gfx942,gfx950";
 
@@ -101,34 +104,40 @@ fn main() {
         println!("cargo:rerun-if-changed={}", stamps.display());
     }
 
+    println!("cargo:rerun-if-changed=build/abi.rs");
+
     let ctx = Ctx {
         require: env::var("DSV4_KVCACHE_REQUIRE_KERNELS").is_ok_and(|v| v.trim() == "1"),
         root,
         out,
     };
+    generate_abi(&ctx);
 
+    // Only the enabled backends' kernels are built (cargo sets CARGO_FEATURE_<NAME>).
+    let want_cuda = env::var_os("CARGO_FEATURE_CUDA").is_some();
+    let want_hip = env::var_os("CARGO_FEATURE_HIP").is_some();
     let mut emb = Embedded::default();
     // The two backends compile concurrently (the slow part of a build of this crate).
     std::thread::scope(|s| {
-        let cuda = s.spawn(|| build_cuda(&ctx));
-        let hip = s.spawn(|| build_hip(&ctx));
-        let cuda = cuda.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-        let hip = hip.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-        match cuda {
-            Ok(c) => {
+        let cuda = want_cuda.then(|| s.spawn(|| build_cuda(&ctx)));
+        let hip = want_hip.then(|| s.spawn(|| build_hip(&ctx)));
+        match cuda.map(join) {
+            Some(Ok(c)) => {
                 emb.cuda_fatbin = Some(c.artifact);
                 emb.cuda_targets = c.targets;
                 emb.cuda_compiler = Some(c.compiler);
                 emb.cuda_report = c.report;
             }
-            Err(why) => emb.missing.push(why),
+            Some(Err(why)) => emb.missing.push(why),
+            None => {}
         }
-        match hip {
-            Ok(h) => {
+        match hip.map(join) {
+            Some(Ok(h)) => {
                 emb.hip_objects = h.objects;
                 emb.hip_compiler = Some(h.compiler);
             }
-            Err(why) => emb.missing.push(why),
+            Some(Err(why)) => emb.missing.push(why),
+            None => {}
         }
     });
 
@@ -141,7 +150,43 @@ fn main() {
     for m in &emb.missing {
         println!("cargo:warning={m}");
     }
+    // Not an error and not a warning: the build asked for no such backend.
+    if !want_cuda {
+        emb.missing
+            .push("CUDA kernels not built: the crate's `cuda` feature is off".into());
+    }
+    if !want_hip {
+        emb.missing
+            .push("HIP kernels not built: the crate's `hip` feature is off".into());
+    }
     write_generated(&ctx, &emb);
+}
+
+/// Waits for a compile thread, passing on its panic.
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// Generates the Rust side of the kernel ABI from `kernels-hip/kv_abi.h`
+/// (`kernel_abi_gen.rs`) and the C header of layout checks that the kernel
+/// compiles include (`kv_abi_layout.h`), both in OUT_DIR.
+fn generate_abi(ctx: &Ctx) {
+    let header = ctx.root.join("kernels-hip/kv_abi.h");
+    let text =
+        fs::read_to_string(&header).unwrap_or_else(|e| fail(&format!("{}: {e}", header.display())));
+    let parsed = abi::parse(&text).unwrap_or_else(|e| fail(&e));
+    let rust = abi::rust(&parsed).unwrap_or_else(|e| fail(&e));
+    let checks = abi::c_checks(&parsed).unwrap_or_else(|e| fail(&e));
+    write_if_changed(&ctx.out.join("kernel_abi_gen.rs"), &rust);
+    write_if_changed(&ctx.out.join("kv_abi_layout.h"), &checks);
+}
+
+/// Writes `text` unless the file already holds it, so an unchanged build
+/// does not recompile the crate.
+fn write_if_changed(path: &Path, text: &str) {
+    if fs::read_to_string(path).ok().as_deref() != Some(text) {
+        fs::write(path, text).unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())));
+    }
 }
 
 /// A build failure with a readable message (cargo shows build-script stderr on failure).
@@ -277,12 +322,17 @@ fn build_cuda(ctx: &Ctx) -> Result<CudaBuild, String> {
     // a kernel header named like a system header (math.h) cannot shadow the one that
     // cuda_runtime.h includes. nvcc has no -iquote; its preprocessor (the host compiler's,
     // for the device passes too) gets it through -Xcompiler.
-    for dir in ["kernels-hip", "kernels-cuda"] {
+    for dir in [
+        ctx.root.join("kernels-hip"),
+        ctx.root.join("kernels-cuda"),
+        ctx.out.clone(),
+    ] {
         cmd.arg("-Xcompiler")
             .arg("-iquote")
             .arg("-Xcompiler")
-            .arg(ctx.root.join(dir));
+            .arg(dir);
     }
+    cmd.arg("-DKV_ABI_LAYOUT_CHECK=1");
     cmd.arg("-o").arg(&artifact).arg(&src);
     let out = run(&mut cmd).unwrap_or_else(|e| fail(&e));
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -428,6 +478,9 @@ fn build_hip(ctx: &Ctx) -> Result<HipBuild, String> {
         // -iquote rather than -I: see build_cuda.
         cmd.arg("-iquote")
             .arg(ctx.root.join("kernels-hip"))
+            .arg("-iquote")
+            .arg(&ctx.out)
+            .arg("-DKV_ABI_LAYOUT_CHECK=1")
             .arg("-o")
             .arg(&obj)
             .arg(&src);
@@ -513,9 +566,5 @@ fn write_generated(ctx: &Ctx, emb: &Embedded) {
         "static MISSING_REASONS: &[&str] = {};",
         strs(&emb.missing)
     );
-    let path = ctx.out.join("kernels_embedded.rs");
-    // Rewrite only on change, so an unchanged build does not recompile the crate.
-    if fs::read_to_string(&path).ok().as_deref() != Some(g.as_str()) {
-        fs::write(&path, g).unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())));
-    }
+    write_if_changed(&ctx.out.join("kernels_embedded.rs"), &g);
 }

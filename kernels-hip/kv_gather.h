@@ -13,41 +13,9 @@
 // depends on the warp or wavefront width.
 //
 // Included by kvcache.hip after its helpers (kv_group, kv_page_row,
-// kv_load_index, kv_count) and kv_formats.h's decoders.
+// kv_load_index, kv_count) and kv_formats.h's decoders; the parameter block
+// KvGatherParams and its KV_GF_* flags are in kv_abi.h.
 #pragma once
-
-// ---- parameter block: mirrors gather::GatherParams field for field --------
-
-struct KvGatherParams {
-    const uint8_t* cache;
-    const void* slots;        // slot form
-    const void* block_table;  // block-table form
-    const void* cu_seq_lens;  // block-table form
-    const void* seq_starts;   // block-table form, null when absent
-    const float* fp8_scale;   // FP8 rows
-    void* out;                // BF16 or F32 rows
-    unsigned* counters;
-    int32_t out_row_stride;  // elements
-    int32_t block_stride;    // bytes
-    int32_t row_stride;      // bytes between rows of a block (rows layouts)
-    int32_t num_blocks;
-    int32_t block_size;
-    int32_t block_shift;  // log2(block_size), or -1 when not a power of two
-    int32_t n;            // output rows processed
-    int32_t num_reqs;
-    int32_t table_row_stride;  // elements
-    int32_t max_blocks;        // block_table columns
-    uint32_t flags;
-    uint32_t pad;
-};
-
-#define KV_GF_BLOCK_TABLE 1u
-#define KV_GF_SLOT_I64 2u
-#define KV_GF_TABLE_I64 4u
-#define KV_GF_CU_I64 8u
-#define KV_GF_STARTS_I64 16u
-#define KV_GF_HAS_STARTS 32u
-#define KV_GF_TWO_ROWS 64u
 
 KV_DEVICE int64_t kv_gather_cu(const KvGatherParams& p, int64_t i) {
     return kv_load_index(p.cu_seq_lens, (p.flags & KV_GF_CU_I64) != 0u, i);

@@ -26,107 +26,7 @@
 #endif
 #include "kv_formats.h"
 #include "kv_math.h"
-
-// ---- parameter blocks: mirror src/kernel_abi.rs field for field ----------
-// Counts and strides are 32-bit (src/ops.rs checks they fit): on AMD every
-// 64-bit kernel argument costs two scalar registers, and the fused kernels
-// carry both blocks.
-
-struct KvCompressParams {
-    const float* kv_score;
-    const void* positions;
-    const void* slots;
-    const void* qsl;
-    const void* ttr;
-    const uint16_t* weight;
-    uint16_t* latent;
-    float* ring;
-    const float* prev_rows;
-    const void* prev_idx;
-    unsigned* counters;
-    int32_t kv_row_stride;
-    int32_t ring_block_stride;
-    int32_t ring_row_stride;
-    int32_t ring_blocks;
-    int32_t ring_capacity;
-    int32_t prev_row_stride;
-    int32_t prev_rows_n;
-    int32_t n;
-    int32_t num_reqs;
-    float eps;
-    uint32_t flags;
-    int32_t ring_shift;  // log2(ring_capacity), or -1 when not a power of two
-};
-
-struct KvInsertParams {
-    const uint16_t* latent;
-    const void* positions;
-    const void* slots;
-    const void* cos_sin;
-    uint8_t* cache;
-    const float* fp8_scale;
-    unsigned* counters;
-    int32_t latent_row_stride;
-    int32_t cos_row_stride;
-    int32_t cos_rows;
-    int32_t block_stride;
-    int32_t row_stride;
-    int32_t num_blocks;
-    int32_t block_size;
-    int32_t n;
-    uint32_t compress_ratio;
-    uint32_t flags;
-    int32_t block_shift;  // log2(block_size), or -1 when not a power of two
-    uint32_t pad;
-};
-
-struct KvRingRowsParams {
-    const float* rows;
-    const void* slots;
-    float* ring;
-    unsigned* counters;
-    int32_t row_stride;
-    int32_t ring_block_stride;
-    int32_t ring_row_stride;
-    int32_t ring_blocks;
-    int32_t ring_capacity;
-    int32_t n;
-    uint32_t flags;
-    int32_t ring_shift;  // log2(ring_capacity), or -1 when not a power of two
-};
-
-struct KvFusedParams {
-    KvCompressParams c;
-    KvInsertParams i;
-};
-
-#define KV_F_POS_I64 1u
-#define KV_F_SLOT_I64 2u
-#define KV_F_QSL_I64 4u
-#define KV_F_TTR_I64 8u
-#define KV_F_PRI_I64 16u
-#define KV_F_HAS_PREV 32u
-#define KV_F_WRITE_LATENT 64u
-#define KV_F_COS_BF16 128u
-#define KV_F_SANITIZE 256u
-// CR2 team launches: a token block checks one token per group (kv_cr2_token_block).
-#define KV_F_SCREEN_TOKENS 512u
-// Bits 12..14: log2 of the groups in a block (the host picks the block size).
-#define KV_F_GROUPS_LOG2_SHIFT 12u
-
-#define KV_LAYOUT_V4 0
-#define KV_LAYOUT_MXFP8 1
-#define KV_LAYOUT_NVFP4 2
-#define KV_LAYOUT_BF16 3
-#define KV_LAYOUT_FP8 4
-
-#define KV_COUNT_SLOT 0
-#define KV_COUNT_POS 1
-#define KV_COUNT_INDEX 2
-
-#define KV_GROUP_LANES 32u
-// The largest block the host launches (src/kernel_abi.rs, BLOCK_THREADS).
-#define KV_BLOCK_THREADS 256
+#include "kv_abi.h"
 
 struct alignas(16) kv_u32x4 {
     uint32_t x, y, z, w;
@@ -1198,7 +1098,7 @@ KV_INSERT_TILES_KERNEL(kv_insert_fp8_tiles, KV_LAYOUT_FP8)
 
 #define KV_FUSED_KERNEL(name, CR, LAYOUT, BOUNDS)                       \
     KV_KERNEL BOUNDS(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \
-        kv_compress<true, LAYOUT>(p.c, &p.i, CR);                         \
+        kv_compress<true, LAYOUT>(p.compress, &p.insert, CR);             \
     }
 
 KV_FUSED_KERNEL(kv_fused_cr1_v4, 1, KV_LAYOUT_V4, KV_LAUNCH_BOUNDS_5)
@@ -1217,7 +1117,7 @@ KV_FUSED_KERNEL(kv_fused_cr2_fp8, 2, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS)
 // holds more state, spills 4 bytes at 64 registers and takes three.
 #define KV_FUSED_LONG_KERNEL(name, LAYOUT, BOUNDS)                       \
     KV_KERNEL BOUNDS(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \
-        kv_compress<true, LAYOUT, true>(p.c, &p.i, 2);                     \
+        kv_compress<true, LAYOUT, true>(p.compress, &p.insert, 2);         \
     }
 
 KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_v4, KV_LAYOUT_V4, KV_LAUNCH_BOUNDS)
@@ -1229,11 +1129,11 @@ KV_FUSED_LONG_KERNEL(kv_fused_cr2_long_fp8, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_4)
 // OWN2: the multi-token team kernels (kv_cr2_owns_second).
 #define KV_FUSED_TEAM_KERNEL(name, LAYOUT, OWN2)                                    \
     KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void name(const KvFusedParams p) { \
-        kv_compress_cr2_team<true, LAYOUT, KV_CR2_TEAM, OWN2>(p.c, &p.i);           \
+        kv_compress_cr2_team<true, LAYOUT, KV_CR2_TEAM, OWN2>(p.compress, &p.insert); \
     }
 #define KV_FUSED_PAIR_KERNEL(name, LAYOUT)                                        \
     KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void name(const KvFusedParams p) { \
-        kv_compress_cr2_team<true, LAYOUT, KV_CR2_PAIR>(p.c, &p.i);               \
+        kv_compress_cr2_team<true, LAYOUT, KV_CR2_PAIR>(p.compress, &p.insert);     \
     }
 
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_v4, KV_LAYOUT_V4, false)
@@ -1258,3 +1158,9 @@ KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_fp8, KV_LAYOUT_FP8, true)
 
 // The reader (gather_dequant).
 #include "kv_gather.h"
+
+// Every kernel of the list (kv_abi.h) declared again with its parameter
+// block: a definition above that takes another block does not compile.
+#define KV_DECLARE_KERNEL(name, params) KV_KERNEL void name(const params p);
+KV_KERNELS(KV_DECLARE_KERNEL)
+#undef KV_DECLARE_KERNEL

@@ -17,15 +17,17 @@
 //!
 //! This module holds the arguments, their validation into a [`GatherPlan`],
 //! the reference implementation (run by [`crate::CpuBackend`]), and the
-//! device launch interface: the kernel names, the parameter block
-//! [`GatherParams`] that mirrors `KvGatherParams` in
-//! `kernels-hip/kv_gather.h`, and the launch shape.
+//! device launch interface: the kernels ([`gather_kernel`]), the parameter
+//! block ([`gather_params`] fills `KvGatherParams` of `kernels-hip/kv_abi.h`,
+//! generated into [`crate::kernel_abi::GatherParams`]), and the launch shape.
 
 use crate::backend::cpu::rd_index;
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::formats::{bf16_from_f32, f32_canonical};
-use crate::kernel_abi::{flags as abi_flags, geometry, Geometry, KernelParams};
+use crate::kernel_abi::{
+    flags as abi_flags, geometry, GatherParams, Geometry, Kernel, KernelParams,
+};
 use crate::layout::{decode_record, RecordLayout, DIM};
 use crate::ops::{
     aligned, cache_view, dtype, extent, fits_i32, fp8_scale, index, rows, shape_err, CachePlan,
@@ -489,31 +491,25 @@ pub(crate) fn gather_reference(p: &GatherPlan, a: GatherArgs<'_, Vec<u8>>) -> Sk
 
 // ---- the device launch interface ------------------------------------------
 
-/// The gather kernels: one per layout and output type, both addressing forms
-/// in each (`KV_GF_BLOCK_TABLE`).
-pub const GATHER_KERNEL_NAMES: [&str; 10] = [
-    "kv_gather_v4_bf16",
-    "kv_gather_v4_f32",
-    "kv_gather_mxfp8_bf16",
-    "kv_gather_mxfp8_f32",
-    "kv_gather_nvfp4_bf16",
-    "kv_gather_nvfp4_f32",
-    "kv_gather_bf16_bf16",
-    "kv_gather_bf16_f32",
-    "kv_gather_fp8_bf16",
-    "kv_gather_fp8_f32",
-];
-
-/// The gather kernel for a layout and output type.
-pub fn gather_kernel(layout: RecordLayout, out_f32: bool) -> &'static str {
-    let i = RecordLayout::ALL
-        .iter()
-        .position(|l| *l == layout)
-        .expect("every layout is in ALL");
-    GATHER_KERNEL_NAMES[2 * i + usize::from(out_f32)]
+/// The gather kernel for a layout and output type (both addressing forms
+/// in each, `KV_GF_BLOCK_TABLE`).
+pub fn gather_kernel(layout: RecordLayout, out_f32: bool) -> Kernel {
+    use Kernel::*;
+    match (layout, out_f32) {
+        (RecordLayout::V4, false) => GatherV4Bf16,
+        (RecordLayout::V4, true) => GatherV4F32,
+        (RecordLayout::Mxfp8, false) => GatherMxfp8Bf16,
+        (RecordLayout::Mxfp8, true) => GatherMxfp8F32,
+        (RecordLayout::Nvfp4, false) => GatherNvfp4Bf16,
+        (RecordLayout::Nvfp4, true) => GatherNvfp4F32,
+        (RecordLayout::Bf16Rows, false) => GatherBf16Bf16,
+        (RecordLayout::Bf16Rows, true) => GatherBf16F32,
+        (RecordLayout::Fp8Rows, false) => GatherFp8Bf16,
+        (RecordLayout::Fp8Rows, true) => GatherFp8F32,
+    }
 }
 
-/// Flag bits of [`GatherParams::flags`] (`KV_GF_*` in the kernels); bits
+/// Flag bits of [`GatherParams::flags`] (`KV_GF_*` in kv_abi.h); bits
 /// 12..14 hold the groups per block as for every kernel
 /// ([`crate::kernel_abi::flags::GROUPS_LOG2_SHIFT`]).
 pub mod gather_flags {
@@ -533,55 +529,6 @@ pub mod gather_flags {
     pub const TWO_ROWS: u32 = 64;
     const _: () = assert!(TWO_ROWS < 1 << crate::kernel_abi::flags::GROUPS_LOG2_SHIFT);
 }
-
-/// `KvGatherParams`. Pointers are device addresses (views' offsets added).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GatherParams {
-    /// `const uint8_t*` kv_cache.
-    pub cache: u64,
-    /// `const void*` slot_mapping (slot form).
-    pub slots: u64,
-    /// `const void*` block_table (block-table form).
-    pub block_table: u64,
-    /// `const void*` cu_seq_lens (block-table form).
-    pub cu_seq_lens: u64,
-    /// `const void*` seq_starts (0 when absent).
-    pub seq_starts: u64,
-    /// `const float*` fp8_scale (FP8 rows).
-    pub fp8_scale: u64,
-    /// `void*` out (BF16 or F32).
-    pub out: u64,
-    /// `unsigned*` skip counters.
-    pub counters: u64,
-    /// `out` row stride (elements).
-    pub out_row_stride: i32,
-    /// Bytes between cache blocks.
-    pub block_stride: i32,
-    /// Bytes between rows of a block (rows layouts).
-    pub row_stride: i32,
-    /// Cache blocks.
-    pub num_blocks: i32,
-    /// Rows per block.
-    pub block_size: i32,
-    /// `log2(block_size)`, or -1 when it is not a power of two.
-    pub block_shift: i32,
-    /// Output rows processed ([`GatherPlan::n`]).
-    pub n: i32,
-    /// Requests (block-table form).
-    pub num_reqs: i32,
-    /// `block_table` row stride (elements).
-    pub table_row_stride: i32,
-    /// `block_table` columns.
-    pub max_blocks: i32,
-    /// [`gather_flags`] and the groups per block.
-    pub flags: u32,
-    /// Padding to 8 bytes.
-    pub pad: u32,
-}
-
-// The C struct: eight pointers, then twelve 32-bit fields.
-const _: () = assert!(std::mem::size_of::<GatherParams>() == 8 * 8 + 12 * 4);
 
 impl KernelParams for GatherParams {
     fn with_geometry(mut self, g: &Geometry) -> Self {
@@ -696,4 +643,72 @@ pub fn gather_params(p: &GatherPlan, b: &GatherPtrs, launch: &GatherLaunch) -> G
     }
     g.flags = f;
     g.with_geometry(&launch.geometry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_take_the_gather_block_and_are_named_by_layout() {
+        for l in RecordLayout::ALL {
+            for f32 in [false, true] {
+                let k = gather_kernel(l, f32);
+                assert_eq!(k.param_block(), GatherParams::C_NAME);
+                let out = if f32 { "f32" } else { "bf16" };
+                assert_eq!(k.name(), format!("kv_gather_{}_{out}", l.name()));
+            }
+        }
+    }
+
+    /// The value of `#define name value` in kv_abi.h.
+    fn abi_define(name: &str) -> u32 {
+        let line = include_str!("../kernels-hip/kv_abi.h")
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+            .unwrap_or_else(|| panic!("kv_abi.h defines {name}"));
+        let v = line.split_whitespace().nth(2).expect("a value");
+        v.trim_end_matches('u').parse().expect("a number")
+    }
+
+    #[test]
+    fn host_and_kernel_flags_agree() {
+        use gather_flags::*;
+        for (name, v) in [
+            ("KV_GF_BLOCK_TABLE", BLOCK_TABLE),
+            ("KV_GF_SLOT_I64", SLOT_I64),
+            ("KV_GF_TABLE_I64", TABLE_I64),
+            ("KV_GF_CU_I64", CU_I64),
+            ("KV_GF_STARTS_I64", STARTS_I64),
+            ("KV_GF_HAS_STARTS", HAS_STARTS),
+            ("KV_GF_TWO_ROWS", TWO_ROWS),
+        ] {
+            assert_eq!(abi_define(name), v, "{name}");
+        }
+    }
+
+    #[test]
+    fn launches_cover_every_row() {
+        assert_eq!(gather_launch(0, None), None);
+        for n in [
+            1usize,
+            2,
+            3,
+            2047,
+            2048,
+            4097,
+            GATHER_TWO_ROWS_MIN - 1,
+            GATHER_TWO_ROWS_MIN,
+            65537,
+        ] {
+            for force in [None, Some(false), Some(true)] {
+                let l = gather_launch(n, force).unwrap();
+                let groups = u64::from(l.geometry.grid) << l.geometry.groups_log2;
+                let rows = groups * if l.two_rows { 2 } else { 1 };
+                assert!(rows >= n as u64, "n {n} {force:?}");
+                assert_eq!(l.geometry.block_threads, 32 << l.geometry.groups_log2);
+                assert_eq!(l.two_rows, force.unwrap_or(n >= GATHER_TWO_ROWS_MIN));
+            }
+        }
+    }
 }

@@ -76,6 +76,15 @@ mod tests {
 
     #[test]
     fn hip_lookup_ignores_feature_suffix() {
+        if hip_targets().is_empty() {
+            let why = missing_reasons().join("; ");
+            assert!(
+                std::env::var("DSV4_KVCACHE_REQUIRE_KERNELS").as_deref() != Ok("1"),
+                "DSV4_KVCACHE_REQUIRE_KERNELS=1 but no HIP code object is embedded: {why}"
+            );
+            eprintln!("SKIPPED: no HIP code object in this build: {why}");
+            return;
+        }
         for &t in hip_targets() {
             let plain = hip_code_object(t).expect("listed target has an object");
             let full = hip_code_object(&format!("{t}:sramecc+:xnack-")).unwrap();

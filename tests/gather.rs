@@ -14,7 +14,10 @@ use dsv4_kvcache::{
     CpuBackend, DType, Error, GatherArgs, GatherDequant, GatherIndex, RecordLayout, Tensor,
     TensorDesc, TensorMut,
 };
-use gather_cases::{cache_desc, canary_byte, fill_cache, random_case, Case, Fill, Form, Rng};
+use gather_cases::{
+    cache_desc, canary_byte, every_code_case, every_code_scales, fill_cache, random_case, Case,
+    Fill, Form, Rng,
+};
 
 /// What the definition says output row `o` gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,34 +193,8 @@ fn every_code_with_every_scale() {
     let cpu = CpuBackend::new();
     for layout in RecordLayout::ALL {
         for out_f32 in [false, true] {
-            let mut rng = Rng::new(layout.id() as u64);
-            // 512 records: every scale byte meets every value byte.
-            let (blocks, bs) = (8, 64);
-            let desc = cache_desc(layout, blocks, bs, 0, false);
-            let cache = fill_cache(&mut rng, layout, &desc, Fill::Adversarial);
-            let scales: &[f32] = if layout == RecordLayout::Fp8Rows {
-                &gather_cases::FP8_SCALE_SPECIALS
-            } else {
-                &[1.0]
-            };
-            for &s in scales {
-                let case = Case {
-                    label: format!("{} every code, F32 {out_f32}, scale {s}", layout.name()),
-                    layout,
-                    blocks,
-                    block_size: bs,
-                    cache_desc: desc,
-                    cache: cache.clone(),
-                    fp8_scale: (layout == RecordLayout::Fp8Rows).then_some(s),
-                    form: Form::Slots {
-                        slots: (0..(blocks * bs) as i64).rev().collect(),
-                        i64: false,
-                    },
-                    out_f32,
-                    out_rows: blocks * bs,
-                    out_row_stride: DIM,
-                    out_offset: 0,
-                };
+            for &s in every_code_scales(layout) {
+                let case = every_code_case(layout, out_f32, s);
                 check(&case, &case.run(&cpu).unwrap());
             }
         }

@@ -41,7 +41,7 @@
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::kernel_abi::{
-    self, CompressPtrs, InsertPtrs, KernelParams, Launch, KERNEL_NAMES, NUM_COUNTERS,
+    self, CompressPtrs, InsertPtrs, Kernel, KernelParams, Launch, NUM_COUNTERS,
 };
 use crate::kernels;
 use crate::ops::{
@@ -474,7 +474,7 @@ impl std::fmt::Debug for CudaBackend {
 impl CudaBackend {
     /// The backend on device `ordinal`: the device's primary context, a new
     /// (non-blocking) stream, the embedded fatbin loaded as a module with all
-    /// of [`KERNEL_NAMES`] looked up, and the zeroed skip counters.
+    /// of [`Kernel::ALL`] looked up, and the zeroed skip counters.
     ///
     /// Returns [`Error::Unavailable`] (never panics) without a driver, without
     /// that device, or without kernels for it.
@@ -537,17 +537,18 @@ impl CudaBackend {
         };
         let mut module = Module {
             raw,
-            functions: Vec::with_capacity(KERNEL_NAMES.len()),
+            functions: Vec::with_capacity(Kernel::ALL.len()),
             ctx: ctx.clone(),
         };
-        for &name in KERNEL_NAMES {
+        for k in Kernel::ALL {
+            let name = k.name();
             let c = CString::new(name).expect("kernel names have no NUL");
             // SAFETY: `raw` is the module just loaded.
             let f = unsafe { cu::module::get_function(raw, c) }.map_err(|e| Error::Driver {
                 backend: BACKEND,
                 call: "cuModuleGetFunction",
                 message: format!(
-                    "kernel {name} is not in the embedded fatbin ({}); the kernels and kernel_abi.rs disagree",
+                    "kernel {name} is not in the embedded fatbin ({}); rebuild with the current kernels-hip sources",
                     describe(e)
                 ),
             })?;
@@ -704,16 +705,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn function(&self, name: &'static str) -> Result<sys::CUfunction> {
-        KERNEL_NAMES
-            .iter()
-            .position(|n| *n == name)
-            .map(|i| self.module.functions[i])
-            .ok_or(Error::Driver {
-                backend: BACKEND,
-                call: "cuModuleGetFunction",
-                message: format!("no kernel named {name} in kernel_abi::KERNEL_NAMES"),
-            })
+    fn function(&self, kernel: Kernel) -> sys::CUfunction {
+        // Every kernel was looked up when the module was loaded.
+        self.module.functions[kernel.index()]
     }
 
     /// Launches `l` (kernel and shape) with `params` by value.
@@ -728,7 +722,7 @@ impl CudaBackend {
         params: &P,
         stream: sys::CUstream,
     ) -> Result<()> {
-        let f = self.function(l.kernel)?;
+        let f = self.function(l.kernel);
         self.bind()?;
         let g = l.geometry;
         let block = params.with_geometry(&g);

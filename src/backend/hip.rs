@@ -53,8 +53,8 @@ use crate::detect::{sanitize_for, AmdArch, SanitizePolicy};
 use crate::error::{Error, Result};
 use crate::kernel_abi::{
     compress_launch, compress_params, fused_launch, fused_params, insert_launch, insert_params,
-    ring_rows_launch, ring_rows_params, CompressPtrs, InsertPtrs, KernelParams, Launch,
-    KERNEL_NAMES, NUM_COUNTERS,
+    ring_rows_launch, ring_rows_params, CompressPtrs, InsertPtrs, Kernel, KernelParams, Launch,
+    NUM_COUNTERS,
 };
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, CompressArgs, FusedArgs, InsertArgs,
@@ -161,7 +161,7 @@ fn opt_dptr<S: DevicePtr + ?Sized>(t: &Option<Tensor<'_, S>>) -> u64 {
 }
 
 /// A HIP device with the embedded kernels loaded: one stream, one module,
-/// every kernel of `kernel_abi::KERNEL_NAMES` and the skip counters.
+/// every kernel of `kernel_abi::Kernel::ALL` and the skip counters.
 pub struct HipBackend {
     api: Arc<Api>,
     device: usize,
@@ -172,7 +172,7 @@ pub struct HipBackend {
     sanitize: bool,
     stream: Handle,
     module: Handle,
-    /// `KERNEL_NAMES[i]`'s function.
+    /// `Kernel::ALL[i]`'s function.
     functions: Vec<Handle>,
     /// `NUM_COUNTERS` u32 on the device: slot, position, index.
     counters: Handle,
@@ -381,7 +381,7 @@ impl HipBackend {
             policy,
             stream: Handle::NULL,
             module: Handle::NULL,
-            functions: Vec::with_capacity(KERNEL_NAMES.len()),
+            functions: Vec::with_capacity(Kernel::ALL.len()),
             counters: Handle::NULL,
         };
         // From here on, Drop releases whatever was created.
@@ -408,8 +408,9 @@ impl HipBackend {
             ),
         )?;
         b.module = Handle(m);
-        for name in KERNEL_NAMES {
-            let c = CString::new(*name).expect("kernel names have no NUL");
+        for k in Kernel::ALL {
+            let name = k.name();
+            let c = CString::new(name).expect("kernel names have no NUL");
             let mut f: Function = null_mut();
             // SAFETY: the module is loaded; c is NUL-terminated.
             let code = unsafe { (api.module_get_function)(&mut f, m, c.as_ptr()) };
@@ -564,16 +565,9 @@ impl HipBackend {
         })
     }
 
-    fn function(&self, kernel: &'static str) -> Result<Function> {
-        KERNEL_NAMES
-            .iter()
-            .position(|n| *n == kernel)
-            .map(|i| self.functions[i].0)
-            .ok_or_else(|| {
-                unavailable(format!(
-                    "no kernel named {kernel} in kernel_abi::KERNEL_NAMES"
-                ))
-            })
+    fn function(&self, kernel: Kernel) -> Function {
+        // Every kernel was looked up when the module was loaded.
+        self.functions[kernel.index()].0
     }
 
     /// Launches `l` (kernel and shape) with `params` as its one argument.
@@ -582,7 +576,7 @@ impl HipBackend {
     /// The addresses in `params` must be valid device memory for the kernel's
     /// accesses, and `stream` a stream of this device (or null).
     unsafe fn launch<P: KernelParams>(&self, l: Launch, params: &P, stream: Stream) -> Result<()> {
-        let f = self.function(l.kernel)?;
+        let f = self.function(l.kernel);
         // The launch goes to the stream's device, but a null stream means
         // the calling thread's current device: make that ours (a
         // thread-local setting; it neither allocates nor waits).

@@ -413,7 +413,10 @@ pub fn random_case(seed: u64, layout: RecordLayout, table: bool, n: usize, wild:
         _ => Fill::Inserted,
     };
     let bs = rng.pick(&[1usize, 2, 3, 4, 16, 64]);
-    let blocks = 1 + rng.below(24);
+    // A one-block cache's page is its whole extent, which must be whole
+    // 16-byte units: V4 records (584 B) of an odd block size need two blocks.
+    let odd_v4 = layout == RecordLayout::V4 && bs % 2 == 1;
+    let blocks = usize::from(odd_v4) + 1 + rng.below(24);
     let desc = cache_desc(layout, blocks, bs, rng.pick(&[0, 0, 1, 3]), rng.chance(0.3))
         .with_offset(16 * rng.below(3));
     let cache = fill_cache(&mut rng, layout, &desc, fill);
@@ -525,5 +528,43 @@ pub fn random_case(seed: u64, layout: RecordLayout, table: bool, n: usize, wild:
         out_rows,
         out_row_stride: DIM + unit * rng.pick(&[0, 0, 1, 5]),
         out_offset: 16 * rng.below(4),
+    }
+}
+
+/// 512 adversarial records (every scale byte meets every value byte) read
+/// in reverse slot order; FP8 rows under `fp8_scale`.
+pub fn every_code_case(layout: RecordLayout, out_f32: bool, fp8_scale: f32) -> Case {
+    let mut rng = Rng::new(layout.id() as u64);
+    let (blocks, bs) = (8, 64);
+    let desc = cache_desc(layout, blocks, bs, 0, false);
+    let cache = fill_cache(&mut rng, layout, &desc, Fill::Adversarial);
+    Case {
+        label: format!(
+            "{} every code, F32 {out_f32}, fp8_scale {fp8_scale}",
+            layout.name()
+        ),
+        layout,
+        blocks,
+        block_size: bs,
+        cache_desc: desc,
+        cache,
+        fp8_scale: (layout == RecordLayout::Fp8Rows).then_some(fp8_scale),
+        form: Form::Slots {
+            slots: (0..(blocks * bs) as i64).rev().collect(),
+            i64: false,
+        },
+        out_f32,
+        out_rows: blocks * bs,
+        out_row_stride: DIM,
+        out_offset: 0,
+    }
+}
+
+/// The scales [`every_code_case`] runs under for `layout`.
+pub fn every_code_scales(layout: RecordLayout) -> &'static [f32] {
+    if layout == RecordLayout::Fp8Rows {
+        &FP8_SCALE_SPECIALS
+    } else {
+        &[1.0]
     }
 }

@@ -1,0 +1,224 @@
+// The launch interface between the host and the kernels, written once:
+// the parameter blocks every kernel takes by value, their flag bits and
+// constants, and the list of kernels. build.rs reads this file and generates
+// the Rust side from it (src/kernel_abi.rs includes the result): a
+// `#[repr(C)]` struct per parameter block, named without the `Kv` prefix,
+// with a `u64` for every pointer, and the `Kernel` enum from KV_KERNELS. It
+// also computes each field's offset and checks it at build time against
+// both compilers (static_assert here, const asserts in Rust).
+//
+// So that build.rs can read it, a parameter block is a plain struct of one
+// field per line (`type name;`, an optional `//` comment that becomes the
+// Rust field's doc), and KV_KERNELS has one `X(name, block)` per line.
+#pragma once
+
+// ---- parameter blocks ----------------------------------------------------
+// Counts and strides are 32-bit (src/ops.rs checks they fit): on AMD every
+// 64-bit kernel argument costs two scalar registers, and the fused kernels
+// carry both blocks. Pointers are device addresses; strides in elements
+// unless a comment says bytes.
+
+struct KvCompressParams {
+    const float* kv_score;    // kv_score
+    const void* positions;    // positions (I32 or I64: flags)
+    const void* slots;        // slot_mapping (I32 or I64: flags)
+    const void* qsl;          // query_start_loc (CR2)
+    const void* ttr;          // token_to_req_indices (CR2)
+    const uint16_t* weight;   // rms_norm_weight (BF16)
+    uint16_t* latent;         // latent_out (BF16)
+    float* ring;              // state_cache (CR2)
+    const float* prev_rows;   // prev_rows (CR2, context parallel)
+    const void* prev_idx;     // prev_row_indices
+    unsigned* counters;       // skip counters: slot, position, index
+    int32_t kv_row_stride;    // kv_score row stride
+    int32_t ring_block_stride;  // ring block stride
+    int32_t ring_row_stride;  // ring row stride
+    int32_t ring_blocks;      // ring blocks
+    int32_t ring_capacity;    // ring rows per block
+    int32_t prev_row_stride;  // prev_rows row stride
+    int32_t prev_rows_n;      // prev_rows rows
+    int32_t n;                // tokens
+    int32_t num_reqs;         // requests (CR2)
+    float eps;                // RMSNorm epsilon
+    uint32_t flags;           // KV_F_* bits
+    int32_t ring_shift;       // log2(ring_capacity), or -1 when not a power of two
+};
+
+struct KvInsertParams {
+    const uint16_t* latent;   // latent (BF16)
+    const void* positions;    // positions (I32 or I64: flags)
+    const void* slots;        // slot_mapping (I32 or I64: flags)
+    const void* cos_sin;      // cos_sin_cache (F32 or BF16: flags)
+    uint8_t* cache;           // kv_cache
+    const float* fp8_scale;   // fp8_scale (FP8 rows)
+    unsigned* counters;       // skip counters: slot, position, index
+    int32_t latent_row_stride;  // latent row stride
+    int32_t cos_row_stride;   // cos/sin row stride
+    int32_t cos_rows;         // cos/sin rows
+    int32_t block_stride;     // bytes between cache blocks
+    int32_t row_stride;       // bytes between rows (row layouts)
+    int32_t num_blocks;       // cache blocks
+    int32_t block_size;       // rows per block
+    int32_t n;                // tokens
+    uint32_t compress_ratio;  // 1 or 2
+    uint32_t flags;           // KV_F_* bits
+    int32_t block_shift;      // log2(block_size), or -1 when not a power of two
+    uint32_t pad;             // padding to 8 bytes
+};
+
+struct KvRingRowsParams {
+    const float* rows;        // rows
+    const void* slots;        // slot_mapping (I32 or I64: flags)
+    float* ring;              // state_cache
+    unsigned* counters;       // skip counters: slot, position, index
+    int32_t row_stride;       // rows row stride
+    int32_t ring_block_stride;  // ring block stride
+    int32_t ring_row_stride;  // ring row stride
+    int32_t ring_blocks;      // ring blocks
+    int32_t ring_capacity;    // ring rows per block
+    int32_t n;                // rows
+    uint32_t flags;           // KV_F_* bits
+    int32_t ring_shift;       // log2(ring_capacity), or -1 when not a power of two
+};
+
+struct KvFusedParams {
+    KvCompressParams compress;  // the compressor part
+    KvInsertParams insert;      // the insert part (its latent is the compressor's)
+};
+
+// gather_dequant (src/gather.rs, kv_gather.h): the record each output row
+// reads comes from slots (slot form) or block_table, cu_seq_lens and
+// seq_starts (block-table form, KV_GF_BLOCK_TABLE).
+struct KvGatherParams {
+    const uint8_t* cache;     // kv_cache (the view's first byte)
+    const void* slots;        // slot_mapping (I32 or I64: flags)
+    const void* block_table;  // block_table (I32 or I64: flags)
+    const void* cu_seq_lens;  // cu_seq_lens (I32 or I64: flags)
+    const void* seq_starts;   // seq_starts (I32 or I64: flags), null when absent
+    const float* fp8_scale;   // fp8_scale (FP8 rows)
+    void* out;                // out (BF16 or F32: the kernel)
+    unsigned* counters;       // skip counters: slot, position, index
+    int32_t out_row_stride;   // out row stride
+    int32_t block_stride;     // bytes between cache blocks
+    int32_t row_stride;       // bytes between rows (row layouts)
+    int32_t num_blocks;       // cache blocks
+    int32_t block_size;       // rows per block
+    int32_t block_shift;      // log2(block_size), or -1 when not a power of two
+    int32_t n;                // output rows processed
+    int32_t num_reqs;         // requests (block-table form)
+    int32_t table_row_stride;  // block_table row stride
+    int32_t max_blocks;       // block_table columns
+    uint32_t flags;           // KV_GF_* bits
+    uint32_t pad;             // padding to 8 bytes
+};
+
+// ---- flag bits -------------------------------------------------------------
+
+#define KV_F_POS_I64 1u
+#define KV_F_SLOT_I64 2u
+#define KV_F_QSL_I64 4u
+#define KV_F_TTR_I64 8u
+#define KV_F_PRI_I64 16u
+#define KV_F_HAS_PREV 32u
+#define KV_F_WRITE_LATENT 64u
+#define KV_F_COS_BF16 128u
+#define KV_F_SANITIZE 256u
+// CR2 team launches: a token block checks one token per group (kv_cr2_token_block).
+#define KV_F_SCREEN_TOKENS 512u
+// Bits 12..14: log2 of the groups in a block (the host picks the block size).
+#define KV_F_GROUPS_LOG2_SHIFT 12u
+
+// KvGatherParams.flags (bits 12..14 hold the groups per block, as above).
+#define KV_GF_BLOCK_TABLE 1u
+#define KV_GF_SLOT_I64 2u
+#define KV_GF_TABLE_I64 4u
+#define KV_GF_CU_I64 8u
+#define KV_GF_STARTS_I64 16u
+#define KV_GF_HAS_STARTS 32u
+// Each group gathers two consecutive output rows.
+#define KV_GF_TWO_ROWS 64u
+
+#define KV_LAYOUT_V4 0
+#define KV_LAYOUT_MXFP8 1
+#define KV_LAYOUT_NVFP4 2
+#define KV_LAYOUT_BF16 3
+#define KV_LAYOUT_FP8 4
+
+#define KV_COUNT_SLOT 0
+#define KV_COUNT_POS 1
+#define KV_COUNT_INDEX 2
+
+#define KV_GROUP_LANES 32u
+// The largest block the host launches (src/kernel_abi.rs, BLOCK_THREADS).
+#define KV_BLOCK_THREADS 256
+
+// ---- the kernels -----------------------------------------------------------
+// Every kernel of the code objects and the parameter block it takes, in the
+// order of the Rust `Kernel` enum. kvcache.hip declares each one from this
+// list after defining them, so a definition taking another block does not
+// compile; tests/code_objects.rs checks that the code objects hold exactly
+// these kernels.
+#define KV_KERNELS(X)                                  \
+    X(kv_compress_cr1, KvCompressParams)               \
+    X(kv_compress_cr2, KvCompressParams)               \
+    X(kv_compress_cr2_team, KvCompressParams)          \
+    X(kv_compress_cr2_pair, KvCompressParams)          \
+    X(kv_compress_cr2_long, KvCompressParams)          \
+    X(kv_compress_cr2_team_mtp, KvCompressParams)      \
+    X(kv_compress_cr2_pair_mtp, KvCompressParams)      \
+    X(kv_save_ring_rows, KvRingRowsParams)             \
+    X(kv_insert_v4, KvInsertParams)                    \
+    X(kv_insert_mxfp8, KvInsertParams)                 \
+    X(kv_insert_nvfp4, KvInsertParams)                 \
+    X(kv_insert_bf16, KvInsertParams)                  \
+    X(kv_insert_fp8, KvInsertParams)                   \
+    X(kv_insert_nvfp4_tiles, KvInsertParams)           \
+    X(kv_insert_bf16_tiles, KvInsertParams)            \
+    X(kv_insert_fp8_tiles, KvInsertParams)             \
+    X(kv_fused_cr1_v4, KvFusedParams)                  \
+    X(kv_fused_cr1_mxfp8, KvFusedParams)               \
+    X(kv_fused_cr1_nvfp4, KvFusedParams)               \
+    X(kv_fused_cr1_bf16, KvFusedParams)                \
+    X(kv_fused_cr1_fp8, KvFusedParams)                 \
+    X(kv_fused_cr2_v4, KvFusedParams)                  \
+    X(kv_fused_cr2_mxfp8, KvFusedParams)               \
+    X(kv_fused_cr2_nvfp4, KvFusedParams)               \
+    X(kv_fused_cr2_bf16, KvFusedParams)                \
+    X(kv_fused_cr2_fp8, KvFusedParams)                 \
+    X(kv_fused_cr2_team_v4, KvFusedParams)             \
+    X(kv_fused_cr2_team_mxfp8, KvFusedParams)          \
+    X(kv_fused_cr2_team_nvfp4, KvFusedParams)          \
+    X(kv_fused_cr2_team_bf16, KvFusedParams)           \
+    X(kv_fused_cr2_team_fp8, KvFusedParams)            \
+    X(kv_fused_cr2_pair_v4, KvFusedParams)             \
+    X(kv_fused_cr2_pair_mxfp8, KvFusedParams)          \
+    X(kv_fused_cr2_pair_nvfp4, KvFusedParams)          \
+    X(kv_fused_cr2_pair_bf16, KvFusedParams)           \
+    X(kv_fused_cr2_pair_fp8, KvFusedParams)            \
+    X(kv_fused_cr2_long_v4, KvFusedParams)             \
+    X(kv_fused_cr2_long_mxfp8, KvFusedParams)          \
+    X(kv_fused_cr2_long_nvfp4, KvFusedParams)          \
+    X(kv_fused_cr2_long_bf16, KvFusedParams)           \
+    X(kv_fused_cr2_long_fp8, KvFusedParams)            \
+    X(kv_fused_cr2_team_mtp_v4, KvFusedParams)         \
+    X(kv_fused_cr2_team_mtp_mxfp8, KvFusedParams)      \
+    X(kv_fused_cr2_team_mtp_nvfp4, KvFusedParams)      \
+    X(kv_fused_cr2_team_mtp_bf16, KvFusedParams)       \
+    X(kv_fused_cr2_team_mtp_fp8, KvFusedParams)        \
+    X(kv_gather_v4_bf16, KvGatherParams)               \
+    X(kv_gather_v4_f32, KvGatherParams)                \
+    X(kv_gather_mxfp8_bf16, KvGatherParams)            \
+    X(kv_gather_mxfp8_f32, KvGatherParams)             \
+    X(kv_gather_nvfp4_bf16, KvGatherParams)            \
+    X(kv_gather_nvfp4_f32, KvGatherParams)             \
+    X(kv_gather_bf16_bf16, KvGatherParams)             \
+    X(kv_gather_bf16_f32, KvGatherParams)              \
+    X(kv_gather_fp8_bf16, KvGatherParams)              \
+    X(kv_gather_fp8_f32, KvGatherParams)
+
+// Field offsets computed by build.rs from the structs above, checked against
+// this compiler's layout (the Rust structs are checked against the same
+// figures).
+#ifdef KV_ABI_LAYOUT_CHECK
+#include "kv_abi_layout.h"
+#endif
