@@ -14,7 +14,7 @@
 //
 // Included by kvcache.hip after its helpers (kv_group, kv_page_row,
 // kv_load_index, kv_count) and kv_formats.h's decoders; the parameter block
-// KvGatherParams and its KV_GF_* flags are in kv_abi.h.
+// KvGatherParams and its flag bits are in kv_abi.h.
 #pragma once
 
 KV_DEVICE int64_t kv_gather_cu(const KvGatherParams& p, int64_t i) {

@@ -155,12 +155,16 @@ fn kernels_use_only_names_they_or_both_preludes_define() {
         "kernels-hip/kvcache.hip",
         "kernels-hip/kv_formats.h",
         "kernels-hip/kv_math.h",
+        "kernels-hip/kv_gather.h",
     ];
     let texts: Vec<String> = kernel_files.iter().map(|f| read(f)).collect();
     let mut known: BTreeSet<String> = texts.iter().flat_map(|t| defined_names(t)).collect();
     // The CUDA entry file defines KV_PRELUDE_INCLUDED, which makes the
     // shared source skip the HIP prelude.
     known.extend(defined_names(&read("kernels-cuda/kvcache.cu")));
+    // The parameter blocks, flags and kernel list (build.rs reads the file;
+    // its comments name flag families such as KV_F_*).
+    known.extend(defined_names(&read("kernels-hip/kv_abi.h")));
     for n in &cuda {
         let in_hip = [&hipcc, &freestanding, &common]
             .iter()
