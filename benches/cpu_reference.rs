@@ -4,14 +4,14 @@
 //! Inputs as in `shared/spec/anchors.md` (random normal latents, positions
 //! `0..T`, slots a random permutation of a 64-row-per-block cache; CR2 as 4
 //! requests of T/4 consecutive positions), built by
-//! `dsv4_kvcache::vectors::cases`.
+//! `dsv4_kvcache::testkit`.
 //!
 //! ```text
 //! cargo bench --bench cpu_reference
 //! ```
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dsv4_kvcache::vectors::cases::{make_case, CaseSpec};
+use dsv4_kvcache::testkit::{make_case, CaseSpec};
 use dsv4_kvcache::vectors::Op;
 use dsv4_kvcache::{CpuBackend, RecordLayout};
 use std::time::Duration;

@@ -32,6 +32,8 @@ fn scalar(c_type: &str) -> Option<(usize, usize, &'static str)> {
     }
     Some(match c_type {
         "int32_t" | "int" => (4, 4, "i32"),
+        "int64_t" => (8, 8, "i64"),
+        "uint64_t" => (8, 8, "u64"),
         "uint32_t" | "unsigned" => (4, 4, "u32"),
         "float" => (4, 4, "f32"),
         _ => return None,

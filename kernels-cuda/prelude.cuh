@@ -27,16 +27,16 @@
 // Two blocks per SM: the one-group fused CR2 V4 kernel holds a CR2 item's two
 // rows (64 floats a lane) with the insert's state live and spills at 80
 // registers (it takes 88 when allowed). The other layouts' fused CR2 kernels
-// fit 80 since the pooling runs one exp per dim, and take three blocks (H200,
-// 65536 tokens: 4 requests 5-6 % faster, one-token requests 3-4.5 %).
+// fit 80 since the pooling runs one exp per dim, and take three blocks,
+// which runs faster (docs/tuning.md, Kernels).
 #define KV_LAUNCH_BOUNDS_2(n) __launch_bounds__(n, 2)
 
 // Six blocks per SM, at most 40 registers: the insert kernels are bound by
 // instruction issue and latency, not registers, and 48 warps per SM beat 32
-// (H200, 65536 tokens: NVFP4 44.5 -> 40.6 us, V4 41.4 -> 39.0, every layout
-// faster; seven blocks would mean 32 registers, and spills). sm_100's
-// compiler spills the tile-major inserts at 40, so there it is five (48
-// registers; not measured, no Blackwell GPU here).
+// for every layout (docs/tuning.md, Kernels); seven blocks would mean 32
+// registers, and spills. sm_100's compiler spills the tile-major inserts
+// at 40, so there it is five (48 registers; not measured, no Blackwell GPU
+// here).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 #define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n, 5)
 #else
@@ -51,18 +51,18 @@
 
 // Nine team blocks (of 128) per SM, at most 56 registers: the CR2 team
 // kernels at 56 where the fused NVFP4 one had grown to 72, i.e. 28 warps per
-// SM where the others had 36 (and was 12 % slower at 8192 tokens).
+// SM where the others had 36 (and ran slower; docs/tuning.md, Kernels).
 #define KV_LAUNCH_BOUNDS_9(n) __launch_bounds__(n, 9)
 // Ten team blocks per SM, at most 48 registers: the compress team kernel
 // of multi-token decode, which takes 50 by itself (its request items pool a
 // two-token chunk's second token too), where the plain one takes 48; at
-// nine blocks, 1024 one-token requests (1280 screened blocks) needed a
-// second wave on the H200's 132 SMs (5.43 -> 5.72 µs).
+// nine blocks, 1024 one-token requests (1280 screened blocks) need a
+// second wave on the H200's 132 SMs (docs/tuning.md, Kernels).
 #define KV_LAUNCH_BOUNDS_10(n) __launch_bounds__(n, 10)
 // Sixteen pair blocks (of 64) per SM, at most 64 registers: the CR2 pair
 // kernels. Only the fused NVFP4 one takes more when free (70: fourteen
-// blocks); at 64 it does not spill, and ran 60.7 -> 58.8 µs for 16384
-// one-token requests (H200). sm_100's compiler spills the fused V4 one at
+// blocks); at 64 it does not spill, and runs faster (docs/tuning.md,
+// Kernels). sm_100's compiler spills the fused V4 one at
 // 64, so it keeps fourteen there (72 registers; not measured).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 #define KV_LAUNCH_BOUNDS_16(n) __launch_bounds__(n, 14)

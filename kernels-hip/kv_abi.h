@@ -81,6 +81,14 @@ struct KvRingRowsParams {
     int32_t ring_shift;       // log2(ring_capacity), or -1 when not a power of two
 };
 
+// The bench's roofline: a plain copy of 16-byte units, run on the SMs (CUs)
+// like every other kernel here, so it measures what they can move.
+struct KvCopyParams {
+    const void* src;          // source (16-byte aligned)
+    void* dst;                // destination (16-byte aligned)
+    uint64_t units;           // 16-byte units to copy
+};
+
 struct KvFusedParams {
     KvCompressParams compress;  // the compressor part
     KvInsertParams insert;      // the insert part (its latent is the compressor's)
@@ -205,6 +213,7 @@ struct KvGatherParams {
     X(kv_fused_cr2_team_mtp_nvfp4, KvFusedParams)      \
     X(kv_fused_cr2_team_mtp_bf16, KvFusedParams)       \
     X(kv_fused_cr2_team_mtp_fp8, KvFusedParams)        \
+    X(kv_copy, KvCopyParams)                           \
     X(kv_gather_v4_bf16, KvGatherParams)               \
     X(kv_gather_v4_f32, KvGatherParams)                \
     X(kv_gather_mxfp8_bf16, KvGatherParams)            \

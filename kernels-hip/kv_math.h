@@ -25,9 +25,9 @@ KV_DEVICE float kv_copysign(float m, float s) {
 // there): Cody-Waite reduction, degree-7 Taylor by Horner in fma, scaling by
 // 2^n. Straight-line: where math::exp returns early this computes on a
 // harmless stand-in and selects at the end (same values). A lane pools
-// several dims, and their chains overlap only when no branch separates them:
-// measured on the H200, CR2 at decode sizes 10 % faster and 7 % at 65536
-// tokens in 4 requests.
+// several dims, and their chains overlap only when no branch separates them
+// (what that gains CR2 at decode and prefill sizes: docs/tuning.md,
+// Kernels).
 KV_DEVICE float kv_exp_nonpos(float x) {
     bool in_range = x >= -103.97208f;  // false for NaN
     float xr = in_range ? x : 0.0f;    // keeps the conversion below defined

@@ -220,8 +220,8 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const KvBf16x16& w, float eps, u
     s = s + kv_shfl_xor(s, 4);
     s = s + kv_shfl_xor(s, 2);
     s = s + kv_shfl_xor(s, 1);
-    // A division, although s * 2^-9 gives the same bits: with the product,
-    // compress CR1 ran 2 % slower at 8192 and 65536 tokens on the H200.
+    // A division, although s * 2^-9 gives the same bits: compress CR1 ran
+    // slower with the product (docs/tuning.md, Kernels).
     float var = kv_divf(s, 512.0f);
     float inv = kv_divf(1.0f, kv_sqrtf(var + eps));
 #pragma unroll
@@ -599,9 +599,8 @@ KV_DEVICE void kv_store_row_part(float* row, KvTeamLane tl, const KvRowPart<16 /
 
 // Pools a lane's part of N dims: every dim's exp first, then the
 // divisions: on NVIDIA each IEEE division ends in a branch (its range
-// check), and a dim's exp after one would wait for it (H200: CR2 at T = 16
-// 2.90 -> 2.65 µs in teams, 4 requests at 65536 90.4 -> 85.9 on lone
-// groups).
+// check), and a dim's exp after one would wait for it (teams and lone
+// groups both run faster in this order; docs/tuning.md, Kernels).
 template <int N>
 KV_DEVICE void kv_pool_part(const KvRowPart<N>& older, const KvRowPart<N>& newer, float v[N]) {
     float den[N];
@@ -615,9 +614,9 @@ KV_DEVICE void kv_pool_part(const KvRowPart<N>& older, const KvRowPart<N>& newer
 // Norms lane l's 16 pooled dims and emits the latent of token t (at
 // position `pos`). The weights are loaded here, not with the rows: the CR2
 // kernels are limited by how many groups their registers let run at once,
-// and the weights (1 KB, shared by every token) come from cache. (Teams
-// issuing them, and the insert's slot, with the rows' reads measured no
-// faster at decode sizes on the H200.)
+// and the weights (1 KB, shared by every token) come from cache. (Issuing
+// them, and the insert's slot, with the rows' reads was no faster:
+// docs/tuning.md, Kernels.)
 template <bool FUSED, int LAYOUT>
 KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
                             unsigned lane, const float v[16]) {
@@ -689,8 +688,8 @@ KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInser
 // (kv_compress_cr2_team_mtp, kv_compress_cr2_pair_mtp,
 // kv_fused_cr2_team_mtp_*), which screened launches of more than one
 // multi-token request in four run (kernel_abi::Cr2Shape::multi_token):
-// built into every team kernel, the longer request item made one-token
-// decode 3-10 % slower (H200, 16 to 1024 tokens), and the lone groups'
+// built into every team kernel, the longer request item slows one-token
+// decode (docs/tuning.md, Kernels), and the lone groups'
 // fused kernels spill with the second row live (80 registers).
 KV_DEVICE bool kv_cr2_owns_second(int64_t start, int64_t end, int64_t slot0, int64_t pos0) {
     return end - start == 2 && slot0 >= 0 && (pos0 < 0 || (pos0 & 1) == 0);
@@ -1155,6 +1154,33 @@ KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_mxfp8, KV_LAYOUT_MXFP8, true)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_nvfp4, KV_LAYOUT_NVFP4, true)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_bf16, KV_LAYOUT_BF16, true)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_fp8, KV_LAYOUT_FP8, true)
+
+// The SM copy roofline (the bench's ceiling): each thread moves four 16-byte
+// units per pass, all four loads issued before the stores, over a grid-stride
+// loop, so that enough bytes are in flight to saturate the memory. The units
+// pass through 32-bit words: whole-struct temporaries gave the AMD build a
+// stack frame.
+KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_copy(const KvCopyParams p) {
+    const kv_u32x4* src = (const kv_u32x4*)p.src;
+    kv_u32x4* dst = (kv_u32x4*)p.dst;
+    uint64_t stride = (uint64_t)kv_gdim() * kv_bdim();
+    uint64_t i = (uint64_t)kv_bid() * kv_bdim() + kv_tid();
+    for (; i + 3u * stride < p.units; i += 4u * stride) {
+        uint32_t v[16];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            kv_u32x4 w = src[i + k * stride];
+            v[4 * k] = w.x;
+            v[4 * k + 1] = w.y;
+            v[4 * k + 2] = w.z;
+            v[4 * k + 3] = w.w;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            dst[i + k * stride] = kv_u32x4{v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]};
+    }
+    for (; i < p.units; i += stride) dst[i] = src[i];
+}
 
 // The reader (gather_dequant).
 #include "kv_gather.h"

@@ -32,6 +32,7 @@ pub mod math;
 pub mod ops;
 pub mod reference;
 pub mod tensor;
+pub mod testkit;
 pub mod vectors;
 
 pub use backend::cpu::CpuBackend;

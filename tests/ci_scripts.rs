@@ -1,6 +1,8 @@
-//! The ROCm CI script cannot run here (no AMD GPU): check what can be
-//! checked, that the workflow calls the script and that every test target,
-//! CLI subcommand and file the script names exists in the project.
+//! The ROCm CI scripts cannot run here (no AMD GPU, no ROCm container), nor
+//! can `scripts/hip-on-cuda.sh` (no NVIDIA GPU): check what can be checked,
+//! that the workflow parses and calls the scripts, that every test target,
+//! CLI subcommand and file the scripts name exists in the project, and that
+//! the NVIDIA script says SKIPPED where there is no NVIDIA GPU.
 
 use std::path::Path;
 
@@ -15,6 +17,172 @@ fn rocm_workflow_runs_the_script() {
     assert!(wf.contains("bash scripts/rocm-ci.sh"));
     assert!(wf.contains("rocm/dev-ubuntu-24.04"));
     assert!(root().join("scripts/rocm-ci.sh").is_file());
+}
+
+/// The hosted-runner job: the ROCm container without a GPU, running the
+/// build script; and the whole file parses as YAML where PyYAML is there.
+#[test]
+fn rocm_workflow_has_a_hosted_build_job() {
+    let wf = std::fs::read_to_string(root().join(".github/workflows/rocm.yml"))
+        .expect("workflow exists");
+    assert!(!wf.contains('\t'), "YAML forbids tabs");
+    let job = wf
+        .split("\n  hip-build:\n")
+        .nth(1)
+        .expect("a hip-build job")
+        .split("\n  hip:\n")
+        .next()
+        .expect("job text");
+    assert!(job.contains("runs-on: ubuntu-"), "hosted runner: {job}");
+    assert!(job.contains("image: rocm/dev-ubuntu-24.04"), "{job}");
+    assert!(
+        !job.contains("/dev/kfd"),
+        "no GPU devices on hosted runners"
+    );
+    assert!(job.contains("bash scripts/rocm-build-ci.sh"), "{job}");
+    for line in wf.lines().filter(|l| l.contains("bash scripts/")) {
+        let script = line.split("bash ").nth(1).expect("path").trim();
+        assert!(root().join(script).is_file(), "{script} is missing");
+    }
+    let parsed = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); print(sorted(d['jobs']))")
+        .arg(root().join(".github/workflows/rocm.yml"))
+        .output();
+    match parsed {
+        Ok(o) if o.status.success() => {
+            let jobs = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                jobs.contains("'hip-build'") && jobs.contains("'hip'"),
+                "{jobs}"
+            );
+        }
+        Ok(o) if String::from_utf8_lossy(&o.stderr).contains("No module named 'yaml'") => {
+            eprintln!("*** SKIPPED YAML parse of rocm.yml: python3 has no PyYAML ***")
+        }
+        Ok(o) => panic!(
+            "rocm.yml does not parse: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => eprintln!("*** SKIPPED YAML parse of rocm.yml: python3 not runnable: {e} ***"),
+    }
+}
+
+/// Test targets (`--test NAME`, or `$bin/NAME` in a bundle) and CLI
+/// subcommands a script names exist; the script passes `bash -n`.
+fn script_names_only_existing_things(script: &str, test_marker: &str) -> usize {
+    let sh = std::fs::read_to_string(root().join(script)).expect("script exists");
+    let mut tests = 0;
+    for w in sh.split(test_marker).skip(1) {
+        let name: String = w
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+            .collect();
+        if name == "dsv4-kvcache" {
+            continue;
+        }
+        assert!(
+            root().join(format!("tests/{name}.rs")).is_file(),
+            "{script}: no test target {name}"
+        );
+        tests += 1;
+    }
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_dsv4-kvcache"))
+        .arg("--help")
+        .output()
+        .expect("the CLI runs");
+    let help =
+        String::from_utf8_lossy(&help.stdout).to_string() + &String::from_utf8_lossy(&help.stderr);
+    for line in sh
+        .lines()
+        .filter(|l| l.contains("dsv4-kvcache\" ") || l.contains("dsv4-kvcache "))
+    {
+        let rest = line
+            .split("dsv4-kvcache\" ")
+            .nth(1)
+            .or_else(|| line.split("dsv4-kvcache ").nth(1));
+        let Some(sub) = rest.and_then(|r| r.split_whitespace().next()) else {
+            continue;
+        };
+        if !sub.chars().all(|c| c.is_ascii_lowercase()) {
+            continue;
+        }
+        assert!(
+            help.contains(&format!("dsv4-kvcache {sub}")),
+            "{script}: CLI has no subcommand {sub}"
+        );
+    }
+    let status = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(root().join(script))
+        .status();
+    assert!(
+        status.map(|s| s.success()).unwrap_or(false),
+        "bash -n {script}"
+    );
+    tests
+}
+
+#[test]
+fn rocm_build_script_names_only_existing_things() {
+    script_names_only_existing_things("scripts/rocm-build-ci.sh", "--test ");
+    let sh = std::fs::read_to_string(root().join("scripts/rocm-build-ci.sh")).expect("script");
+    assert!(sh.contains("DSV4_KVCACHE_REQUIRE_ROCM_HEADERS=1"));
+    assert!(sh.contains("-p hip-on-cuda") && root().join("hip-on-cuda/Cargo.toml").is_file());
+}
+
+/// `scripts/hip-on-cuda.sh`: names only existing test targets, runs the
+/// same eight kernel mappings as the ROCm script, and says SKIPPED (exit 0)
+/// where there is no NVIDIA GPU.
+#[test]
+fn hip_on_cuda_script() {
+    let tests = script_names_only_existing_things("scripts/hip-on-cuda.sh", "$bin/");
+    assert!(tests >= 3, "the script runs the device tests");
+    let sh = std::fs::read_to_string(root().join("scripts/hip-on-cuda.sh")).expect("script");
+    let rocm = std::fs::read_to_string(root().join("scripts/rocm-ci.sh")).expect("script");
+    // Each mapping's environment in the ROCm script (the lines before a
+    // `--test device_parity`, joined across continuations).
+    let joined = rocm.replace("\\\n", " ");
+    let mut mappings = 0;
+    for line in joined
+        .lines()
+        .filter(|l| l.contains("--test device_parity") && l.trim_start().starts_with("DSV4_"))
+    {
+        let env: Vec<&str> = line
+            .split_whitespace()
+            .take_while(|w| w.starts_with("DSV4_"))
+            .collect();
+        let quoted = format!("\"{}\"", env.join(" "));
+        assert!(
+            sh.contains(&quoted),
+            "hip-on-cuda.sh lacks the mapping {quoted}"
+        );
+        mappings += 1;
+    }
+    assert_eq!(mappings, 7, "seven forced mappings besides the default");
+    let has_gpu = std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_gpu {
+        eprintln!("*** SKIPPED the no-GPU behaviour of hip-on-cuda.sh: this machine has an NVIDIA GPU ***");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("dsv4-hipcuda-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = std::process::Command::new("bash")
+        .arg(root().join("scripts/hip-on-cuda.sh"))
+        .arg("run")
+        .arg(&dir)
+        .output()
+        .expect("bash runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.starts_with("SKIPPED: hip-on-cuda: no NVIDIA GPU"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@
 use dsv4_kvcache::formats::bf16_from_f32;
 use dsv4_kvcache::layout::decode_record;
 use dsv4_kvcache::reference::encode_record;
-use dsv4_kvcache::vectors::cases::rope_cos_sin;
+use dsv4_kvcache::testkit::rope_cos_sin;
 use dsv4_kvcache::{
     Backend, CpuBackend, DType, InsertArgs, RecordLayout, Tensor, TensorDesc, TensorMut,
 };

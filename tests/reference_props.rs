@@ -171,11 +171,12 @@ fn insert_rule(c: &Case, slot: i64, pos: i64, skips: &mut SkipCounts) -> bool {
 fn model(c: &Case) -> Effects {
     let mut fx = Effects::default();
     match c.kind.op {
-        Op::Compress => {
+        Op::FusedSaveCompressNorm => {
             let p = compress_model(c, &mut fx);
             fx.latents = (0..c.n()).filter(|&t| p[t]).collect();
         }
-        Op::Fused { skip_latent_out } => {
+        Op::FusedCompressInsert => {
+            let skip_latent_out = c.kind.skip_latent_out;
             let p = compress_model(c, &mut fx);
             let pos = c.positions.as_ref().expect("positions").indices();
             let cslots = c
@@ -197,7 +198,7 @@ fn model(c: &Case) -> Effects {
                 fx.skips = sk;
             }
         }
-        Op::Insert => {
+        Op::RopeQuantInsert => {
             let pos = c.positions.as_ref().expect("positions").indices();
             let slots = c.slot_mapping.indices();
             let mut sk = SkipCounts::default();
@@ -208,7 +209,7 @@ fn model(c: &Case) -> Effects {
             }
             fx.skips = sk;
         }
-        Op::SaveRing => {
+        Op::SaveRingRows => {
             let ring = c.state_cache.as_ref().expect("ring").desc;
             let (blocks, cap) = (ring.shape()[0] as i64, ring.shape()[1] as i64);
             for (i, &s) in c.slot_mapping.indices().iter().enumerate() {
@@ -279,7 +280,7 @@ fn ring_range(ring: &Buf, block: usize, row: usize) -> Range<usize> {
 
 /// The bytes of source row `i` of a ring copy (`kv_score` or `rows`).
 fn source_row(c: &Case, i: usize) -> Vec<u8> {
-    let src = if c.kind.op == Op::SaveRing {
+    let src = if c.kind.op == Op::SaveRingRows {
         &c.rows
     } else {
         &c.kv_score
@@ -428,7 +429,7 @@ proptest! {
     /// do write, and the skip counts match the rules.
     #[test]
     fn canary_only_selected_tokens_write(case in case_strategy(kind_strategy(
-        vec![Op::Compress, Op::Insert, Op::SaveRing, Op::Fused { skip_latent_out: false }, Op::Fused { skip_latent_out: true }],
+        vec![Op::FusedSaveCompressNorm, Op::RopeQuantInsert, Op::SaveRingRows, Op::FusedCompressInsert],
         true,
         true,
     ))) {
@@ -664,7 +665,7 @@ proptest! {
 // ---- 3. prev_rows + save_ring_rows == ring path ----------------------------------------
 
 fn check_prev_rows_path(seed: u64, index_i64: bool) {
-    let mut kind = Kind::new(Op::Compress, 2, RecordLayout::V4);
+    let mut kind = Kind::new(Op::FusedSaveCompressNorm, 2, RecordLayout::V4);
     kind.index_i64 = index_i64;
     let ring_case0 = random_case(seed, kind);
     let ring_out = run(&ring_case0);
@@ -1341,7 +1342,7 @@ proptest! {
     /// with finite latents (below 2^126 in magnitude, so that RoPE cannot
     /// overflow) no infinity encoding in V4's RoPE part.
     #[test]
-    fn nan_and_inf_handling(case in case_strategy(kind_strategy(vec![Op::Insert], true, false))) {
+    fn nan_and_inf_handling(case in case_strategy(kind_strategy(vec![Op::RopeQuantInsert], true, false))) {
         check_specials(&case);
     }
 }
@@ -1349,7 +1350,7 @@ proptest! {
 #[test]
 fn nan_and_inf_handling_on_adversarial_cases() {
     for c in adversarial_cases() {
-        if c.kind.op == Op::Insert {
+        if c.kind.op == Op::RopeQuantInsert {
             check_specials(&c);
         }
     }
@@ -1527,7 +1528,7 @@ proptest! {
     #[test]
     fn nope_dims_of_bf16_rows_are_the_latent(seed in any::<u64>(), ordinary in any::<bool>()) {
         if ordinary {
-            let mut k = Kind::new(Op::Insert, 1 + (seed % 2) as u32, RecordLayout::Bf16Rows);
+            let mut k = Kind::new(Op::RopeQuantInsert, 1 + (seed % 2) as u32, RecordLayout::Bf16Rows);
             k.special_values = true;
             check_nope_identity(&random_case(seed, k));
         } else {
@@ -1566,7 +1567,7 @@ proptest! {
     /// same bytes and the same skip counts, for every op.
     #[test]
     fn results_do_not_depend_on_thread_count(cases in proptest::collection::vec(case_strategy(kind_strategy(
-        vec![Op::Compress, Op::Insert, Op::SaveRing, Op::Fused { skip_latent_out: false }],
+        vec![Op::FusedSaveCompressNorm, Op::RopeQuantInsert, Op::SaveRingRows, Op::FusedCompressInsert],
         true,
         true,
     )), 4)) {
@@ -1587,15 +1588,10 @@ proptest! {
 
 fn check_fused(c: &Case) {
     let fused = run(c);
-    let skip = matches!(
-        c.kind.op,
-        Op::Fused {
-            skip_latent_out: true
-        }
-    );
+    let skip = c.kind.skip_latent_out;
 
     let mut comp = c.clone();
-    comp.kind.op = Op::Compress;
+    comp.kind.op = Op::FusedSaveCompressNorm;
     comp.cos_sin_cache = None;
     comp.kv_cache = None;
     comp.fp8_scale = None;
@@ -1603,7 +1599,7 @@ fn check_fused(c: &Case) {
     let co = run(&comp);
 
     let mut ins = c.clone();
-    ins.kind.op = Op::Insert;
+    ins.kind.op = Op::RopeQuantInsert;
     let mut latent = c.latent.clone().expect("latent");
     latent.bytes = co.latent.clone().expect("latent out");
     ins.latent = Some(latent);
@@ -1647,7 +1643,7 @@ proptest! {
     /// leaves `latent_out` alone.
     #[test]
     fn fused_equals_compress_then_insert(case in case_strategy(kind_strategy(
-        vec![Op::Fused { skip_latent_out: false }, Op::Fused { skip_latent_out: true }],
+        vec![Op::FusedCompressInsert],
         true,
         false,
     ))) {

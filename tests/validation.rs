@@ -48,30 +48,24 @@ fn base(kind: Kind) -> Case {
 }
 
 fn compress_base(cr: u32, prev: bool, i64: bool) -> Case {
-    let mut k = Kind::new(Op::Compress, cr, RecordLayout::V4);
+    let mut k = Kind::new(Op::FusedSaveCompressNorm, cr, RecordLayout::V4);
     k.prev_rows = prev;
     k.index_i64 = i64;
     base(k)
 }
 
 fn insert_base(layout: RecordLayout, i64: bool) -> Case {
-    let mut k = Kind::new(Op::Insert, 1 + i64 as u32, layout);
+    let mut k = Kind::new(Op::RopeQuantInsert, 1 + i64 as u32, layout);
     k.index_i64 = i64;
     base(k)
 }
 
 fn fused_base(layout: RecordLayout, cr: u32) -> Case {
-    base(Kind::new(
-        Op::Fused {
-            skip_latent_out: false,
-        },
-        cr,
-        layout,
-    ))
+    base(Kind::new(Op::FusedCompressInsert, cr, layout))
 }
 
 fn ring_base(i64: bool) -> Case {
-    let mut k = Kind::new(Op::SaveRing, 2, RecordLayout::V4);
+    let mut k = Kind::new(Op::SaveRingRows, 2, RecordLayout::V4);
     k.index_i64 = i64;
     base(k)
 }
@@ -923,7 +917,7 @@ fn field(c: &mut Case, f: Field) -> Option<&mut Buf> {
 /// Optional arguments of the API (the others are required by the types).
 fn optional(c: &mut Case, f: Field) -> Option<&mut Option<Buf>> {
     match f {
-        Field::State if c.kind.op != Op::SaveRing => Some(&mut c.state_cache),
+        Field::State if c.kind.op != Op::SaveRingRows => Some(&mut c.state_cache),
         Field::Qsl => Some(&mut c.query_start_loc),
         Field::Ttr => Some(&mut c.token_to_req_indices),
         Field::Prev => Some(&mut c.prev_rows),
@@ -1140,7 +1134,7 @@ proptest! {
     #[test]
     fn arbitrary_arguments_never_panic_nor_write_outside_views(
         case in case_strategy(kind_strategy(
-            vec![Op::Compress, Op::Insert, Op::SaveRing, Op::Fused { skip_latent_out: false }],
+            vec![Op::FusedSaveCompressNorm, Op::RopeQuantInsert, Op::SaveRingRows, Op::FusedCompressInsert],
             true,
             true,
         )),
@@ -1167,11 +1161,9 @@ proptest! {
 #[test]
 fn position_i64_max_is_not_a_panic() {
     for op in [
-        Op::Insert,
-        Op::Compress,
-        Op::Fused {
-            skip_latent_out: false,
-        },
+        Op::RopeQuantInsert,
+        Op::FusedSaveCompressNorm,
+        Op::FusedCompressInsert,
     ] {
         let mut k = Kind::new(op, 2, RecordLayout::Mxfp8);
         k.index_i64 = true;

@@ -121,7 +121,7 @@ def build_ops(T, dev, baselines):
 
 
 def cr2_inputs(T, reqs, g, dev, cap=2):
-    """The CR2 inputs of `dsv4-kvcache bench` (vectors::cases::make_case):
+    """The CR2 inputs of `dsv4-kvcache bench` (testkit::make_case):
     positions 0..T, T tokens split into `reqs` near-equal chunks, request r's
     ring rows r * cap .. r * cap + cap, slot = r * cap + p % cap."""
     sizes = [T // reqs + (1 if i < T % reqs else 0) for i in range(reqs)]

@@ -19,6 +19,7 @@
 #![allow(dead_code)]
 
 use dsv4_kvcache::formats::{bf16_from_f32, bf16_to_f32};
+use dsv4_kvcache::testkit::{i64_bytes, Rng};
 use dsv4_kvcache::{
     Backend, CompressArgs, DType, Error, FusedArgs, InsertArgs, RecordLayout, RingArgs, SkipCounts,
     Tensor, TensorDesc, TensorMut,
@@ -42,25 +43,23 @@ pub fn canary(len: usize) -> Vec<u8> {
     (0..len).map(canary_byte).collect()
 }
 
-// ---- a tiny deterministic RNG ---------------------------------------------------
+// ---- the tests' draws ----------------------------------------------------------
 
-/// SplitMix64: deterministic, seedable, good enough for test data.
+/// The tests' draws over the crate's generator ([`Rng`], SplitMix64), with
+/// their own seeding and modulo range reduction: kept so that every seed a
+/// test names (and every case it found) still gives the same data.
 #[derive(Clone, Debug)]
-pub struct Prng(u64);
+pub struct Prng(Rng);
 
 impl Prng {
     /// A generator for `seed`.
     pub fn new(seed: u64) -> Self {
-        Prng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+        Prng(Rng::from_state(seed ^ 0x5DEE_CE66_D1CE_4E5B))
     }
 
     /// The next 64 random bits.
     pub fn u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (0 when `n == 0`).
@@ -80,7 +79,7 @@ impl Prng {
 
     /// Uniform in `[0, 1)`.
     pub fn unit(&mut self) -> f64 {
-        (self.u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        self.0.uniform()
     }
 
     /// True with probability `p`.
@@ -161,20 +160,12 @@ pub const SPECIAL_BF16: [u16; 28] = [
 
 // ---- typed data to bytes --------------------------------------------------------
 
-/// Little-endian bytes of f32 values.
-pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Little-endian bytes of BF16 bit patterns.
-pub fn u16_bytes(v: &[u16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
+pub use dsv4_kvcache::testkit::{f32_bytes, u16_bytes};
 
 /// Little-endian bytes of indices as I32 (`i64 == false`) or I64.
 pub fn index_bytes(v: &[i64], i64: bool) -> Vec<u8> {
     if i64 {
-        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+        i64_bytes(v)
     } else {
         v.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect()
     }
@@ -368,28 +359,17 @@ impl Buf {
 
 // ---- cases --------------------------------------------------------------------------
 
-/// The launch a case makes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// `fused_save_compress_norm`.
-    Compress,
-    /// `rope_quant_insert`.
-    Insert,
-    /// `save_ring_rows`.
-    SaveRing,
-    /// `fused_compress_insert`.
-    Fused {
-        /// Leave `latent_out` alone.
-        skip_latent_out: bool,
-    },
-}
+/// The launch a case makes (the operation of the vector files).
+pub use dsv4_kvcache::vectors::Op;
 
 /// What a random case looks like.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kind {
     /// The launch.
     pub op: Op,
-    /// Compress ratio, 1 or 2 (ignored by `SaveRing`).
+    /// `FusedCompressInsert`: leave `latent_out` alone.
+    pub skip_latent_out: bool,
+    /// Compress ratio, 1 or 2 (ignored by `SaveRingRows`).
     pub cr: u32,
     /// Cache layout (insert and fused).
     pub layout: RecordLayout,
@@ -414,6 +394,7 @@ impl Kind {
     pub fn new(op: Op, cr: u32, layout: RecordLayout) -> Self {
         Kind {
             op,
+            skip_latent_out: false,
             cr,
             layout,
             prev_rows: false,
@@ -437,26 +418,23 @@ pub fn all_kinds() -> Vec<Kind> {
                     if prev && cr == 1 {
                         continue;
                     }
-                    let mut k = Kind::new(Op::Compress, cr, RecordLayout::V4);
+                    let mut k = Kind::new(Op::FusedSaveCompressNorm, cr, RecordLayout::V4);
                     k.prev_rows = prev;
                     k.sanitize = sanitize;
                     k.index_i64 = index_i64;
                     out.push(k);
                     for layout in RecordLayout::ALL {
                         for cos_bf16 in [false, true] {
-                            for op in [
-                                Op::Insert,
-                                Op::Fused {
-                                    skip_latent_out: false,
-                                },
-                                Op::Fused {
-                                    skip_latent_out: true,
-                                },
+                            for (op, skip_latent_out) in [
+                                (Op::RopeQuantInsert, false),
+                                (Op::FusedCompressInsert, false),
+                                (Op::FusedCompressInsert, true),
                             ] {
-                                if op == Op::Insert && prev {
+                                if op == Op::RopeQuantInsert && prev {
                                     continue;
                                 }
                                 let mut k = Kind::new(op, cr, layout);
+                                k.skip_latent_out = skip_latent_out;
                                 k.prev_rows = prev;
                                 k.sanitize = sanitize;
                                 k.index_i64 = index_i64;
@@ -467,7 +445,7 @@ pub fn all_kinds() -> Vec<Kind> {
                     }
                 }
             }
-            let mut k = Kind::new(Op::SaveRing, 2, RecordLayout::V4);
+            let mut k = Kind::new(Op::SaveRingRows, 2, RecordLayout::V4);
             k.sanitize = sanitize;
             k.index_i64 = index_i64;
             out.push(k);
@@ -476,7 +454,8 @@ pub fn all_kinds() -> Vec<Kind> {
     out
 }
 
-/// A proptest strategy over kinds restricted to the given ops.
+/// A proptest strategy over kinds restricted to the given ops (fused kinds
+/// with and without `skip_latent_out`).
 pub fn kind_strategy(
     ops: Vec<Op>,
     special_values: bool,
@@ -490,13 +469,15 @@ pub fn kind_strategy(
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            move |(op, cr, layout, prev, sanitize, i64, cos_bf16)| Kind {
+            move |(op, cr, layout, prev, sanitize, i64, cos_bf16, skip)| Kind {
                 op,
+                skip_latent_out: skip && op == Op::FusedCompressInsert,
                 cr,
                 layout,
-                prev_rows: prev && cr == 2 && op != Op::Insert,
+                prev_rows: prev && cr == 2 && op != Op::RopeQuantInsert,
                 sanitize,
                 index_i64: i64,
                 cos_bf16,
@@ -507,9 +488,10 @@ pub fn kind_strategy(
 }
 
 /// One launch with all its buffers. Optional arguments are `None` when not
-/// given; `latent` is `latent_out` for `Compress`/`Fused` and the input
-/// latent for `Insert`; `slot_mapping` holds ring slots (CR2), validity marks
-/// or cache slots (CR1), cache slots (`Insert`) or ring slots (`SaveRing`).
+/// given; `latent` is `latent_out` for the compressing ops and the input
+/// latent for `RopeQuantInsert`; `slot_mapping` holds ring slots (CR2),
+/// validity marks or cache slots (CR1), cache slots (`RopeQuantInsert`) or
+/// ring slots (`SaveRingRows`).
 #[derive(Clone, Debug)]
 pub struct Case {
     /// For messages.
@@ -571,7 +553,7 @@ impl Case {
 pub struct Outputs {
     /// What the launch returned.
     pub result: Result<(), Error>,
-    /// `latent_out` (`Compress`, `Fused`); `None` for the other ops.
+    /// `latent_out` (the compressing ops); `None` for the other ops.
     pub latent: Option<Vec<u8>>,
     /// The ring, when the case has one.
     pub state_cache: Option<Vec<u8>>,
@@ -635,7 +617,7 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
     let name = case.name.as_str();
 
     let result = match case.kind.op {
-        Op::Compress | Op::Fused { .. } => {
+        Op::FusedSaveCompressNorm | Op::FusedCompressInsert => {
             let compress = CompressArgs {
                 kv_score: view(&kv, &case.kv_score).unwrap_or_else(|| missing(name, "kv_score")),
                 positions: view(&pos, &case.positions)
@@ -654,9 +636,9 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
                 prev_row_indices: view(&prev_idx, &case.prev_row_indices),
             };
             match case.kind.op {
-                Op::Fused { skip_latent_out } => b.fused_compress_insert(FusedArgs {
+                Op::FusedCompressInsert => b.fused_compress_insert(FusedArgs {
                     compress,
-                    skip_latent_out,
+                    skip_latent_out: case.kind.skip_latent_out,
                     cos_sin_cache: view(&cos, &case.cos_sin_cache)
                         .unwrap_or_else(|| missing(name, "cos_sin_cache")),
                     kv_cache: view_mut(&mut cache, &case.kv_cache)
@@ -668,7 +650,7 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
                 _ => b.fused_save_compress_norm(compress),
             }
         }
-        Op::Insert => b.rope_quant_insert(InsertArgs {
+        Op::RopeQuantInsert => b.rope_quant_insert(InsertArgs {
             latent: view(&latent, &case.latent).unwrap_or_else(|| missing(name, "latent")),
             positions: view(&pos, &case.positions).unwrap_or_else(|| missing(name, "positions")),
             cos_sin_cache: view(&cos, &case.cos_sin_cache)
@@ -679,7 +661,7 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
             compress_ratio: case.compress_ratio,
             fp8_scale: view(&fp8, &case.fp8_scale),
         }),
-        Op::SaveRing => b.save_ring_rows(RingArgs {
+        Op::SaveRingRows => b.save_ring_rows(RingArgs {
             rows: view(&rows, &case.rows).unwrap_or_else(|| missing(name, "rows")),
             slot_mapping: slot_t,
             state_cache: view_mut(&mut state, &case.state_cache)
@@ -690,7 +672,7 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
     Outputs {
         result,
         latent: match case.kind.op {
-            Op::Compress | Op::Fused { .. } => read(b, &latent),
+            Op::FusedSaveCompressNorm | Op::FusedCompressInsert => read(b, &latent),
             _ => None,
         },
         state_cache: read(b, &state),
@@ -1054,9 +1036,9 @@ fn empty_case(name: &str, kind: Kind) -> Case {
     }
 }
 
-/// A `Compress` case.
+/// A `FusedSaveCompressNorm` case.
 pub fn compress_case(name: &str, s: &CompressSpec, sanitize: bool) -> Case {
-    let mut k = Kind::new(Op::Compress, s.cr, RecordLayout::V4);
+    let mut k = Kind::new(Op::FusedSaveCompressNorm, s.cr, RecordLayout::V4);
     k.sanitize = sanitize;
     k.index_i64 = s.index_i64;
     k.prev_rows = s.prev.is_some();
@@ -1065,9 +1047,9 @@ pub fn compress_case(name: &str, s: &CompressSpec, sanitize: bool) -> Case {
     c
 }
 
-/// An `Insert` case.
+/// A `RopeQuantInsert` case.
 pub fn insert_case(name: &str, s: &InsertSpec, sanitize: bool) -> Case {
-    let mut k = Kind::new(Op::Insert, s.cr, s.cache.layout);
+    let mut k = Kind::new(Op::RopeQuantInsert, s.cr, s.cache.layout);
     k.sanitize = sanitize;
     k.index_i64 = s.index_i64;
     k.cos_bf16 = s.cos_sin.bf16;
@@ -1088,7 +1070,7 @@ pub fn insert_case(name: &str, s: &InsertSpec, sanitize: bool) -> Case {
     c
 }
 
-/// A `Fused` case: the compressor's inputs plus the insert's table, cache
+/// A `FusedCompressInsert` case: the compressor's inputs plus the insert's table, cache
 /// and cache slots (`len == n`).
 pub fn fused_case(
     name: &str,
@@ -1100,7 +1082,8 @@ pub fn fused_case(
     sanitize: bool,
 ) -> Case {
     let mut c = compress_case(name, s, sanitize);
-    c.kind.op = Op::Fused { skip_latent_out };
+    c.kind.op = Op::FusedCompressInsert;
+    c.kind.skip_latent_out = skip_latent_out;
     c.kind.layout = cache.layout;
     c.kind.cos_bf16 = cos_sin.bf16;
     c.cache_slot_mapping = Some(Buf::index(
@@ -1117,7 +1100,7 @@ pub fn fused_case(
 }
 
 #[allow(clippy::too_many_arguments)]
-/// A `SaveRing` case: `rows` is `n * 1024` values with row stride
+/// A `SaveRingRows` case: `rows` is `n * 1024` values with row stride
 /// `1024 + row_pad`.
 pub fn ring_case(
     name: &str,
@@ -1129,7 +1112,7 @@ pub fn ring_case(
     geo: Geo,
     sanitize: bool,
 ) -> Case {
-    let mut k = Kind::new(Op::SaveRing, 2, RecordLayout::V4);
+    let mut k = Kind::new(Op::SaveRingRows, 2, RecordLayout::V4);
     k.sanitize = sanitize;
     k.index_i64 = index_i64;
     let mut c = empty_case(name, k);
@@ -1351,7 +1334,7 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
     let geo = Geo::random(rng);
     let name = format!("random {kind:?} seed {seed:#x}");
     let mut case = match kind.op {
-        Op::Insert => {
+        Op::RopeQuantInsert => {
             let n = rng.below(9);
             let rows = n + rng.below(3);
             let latent: Vec<u16> = (0..rows)
@@ -1402,7 +1385,7 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
             };
             insert_case(&name, &spec, kind.sanitize)
         }
-        Op::Compress | Op::Fused { .. } => {
+        Op::FusedSaveCompressNorm | Op::FusedCompressInsert => {
             let spec = if kind.cr == 1 {
                 let n = rng.below(9);
                 let marks: Vec<i64> = (0..n)
@@ -1428,7 +1411,7 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
                 cr2_spec(rng, &kind, geo).0
             };
             match kind.op {
-                Op::Fused { skip_latent_out } => {
+                Op::FusedCompressInsert => {
                     let n = spec.slots.len();
                     let cache = CacheSpec::random(rng, kind.layout, n);
                     let picks = rng.distinct(cache.capacity(), n);
@@ -1457,14 +1440,14 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
                         &cslots,
                         &cs,
                         &cache,
-                        skip_latent_out,
+                        kind.skip_latent_out,
                         kind.sanitize,
                     )
                 }
                 _ => compress_case(&name, &spec, kind.sanitize),
             }
         }
-        Op::SaveRing => {
+        Op::SaveRingRows => {
             let blocks = 1 + rng.below(3);
             let cap = 1 + rng.below(4);
             let ring = RingSpec::random(rng, blocks, cap, kind.special_values);

@@ -13,7 +13,7 @@ use dsv4_kvcache::formats::bf16_from_f32;
 use dsv4_kvcache::gather::GatherDequant;
 use dsv4_kvcache::layout::DIM;
 use dsv4_kvcache::ops::SkipCounts;
-use dsv4_kvcache::vectors::cases::rope_cos_sin;
+use dsv4_kvcache::testkit::rope_cos_sin;
 use dsv4_kvcache::{
     Backend, CpuBackend, DType, GatherArgs, GatherIndex, InsertArgs, RecordLayout, Result, Tensor,
     TensorDesc, TensorMut,

@@ -1,0 +1,71 @@
+//! `capture`: writes a test-vector file whose outputs come from the CPU reference.
+
+use crate::args::Opts;
+use crate::verify::describe_file;
+use crate::{CliError, CliResult};
+use dsv4_kvcache::layout::RecordLayout;
+use dsv4_kvcache::testkit::{make_case, CaseSpec};
+use dsv4_kvcache::vectors::Op;
+
+/// `dsv4-kvcache capture --op OP ... --out FILE`.
+pub(crate) fn capture_cmd(args: &[String]) -> CliResult<()> {
+    let o = Opts::parse(
+        args,
+        &[
+            "op",
+            "layout",
+            "cr",
+            "tokens",
+            "requests",
+            "ring-capacity",
+            "seed",
+            "out",
+        ],
+        &["sanitize", "adversarial"],
+    )?;
+    o.no_positional()?;
+    let op_name = o
+        .get("op")
+        .ok_or_else(|| CliError::Usage("capture needs --op".into()))?;
+    let op = Op::from_name(op_name).ok_or_else(|| {
+        CliError::Usage(format!(
+            "--op {op_name:?}, expected rope_quant_insert, fused_save_compress_norm, save_ring_rows or fused_compress_insert"
+        ))
+    })?;
+    let layout_name = o.get("layout").unwrap_or("mxfp8");
+    let layout = RecordLayout::from_name(layout_name).ok_or_else(|| {
+        CliError::Usage(format!(
+            "--layout {layout_name:?}, expected v4, mxfp8, nvfp4, bf16 or fp8"
+        ))
+    })?;
+    let out = o
+        .get("out")
+        .ok_or_else(|| CliError::Usage("capture needs --out FILE".into()))?;
+    let cr: u32 = o.num("cr", 1)?;
+    if cr != 1 && cr != 2 {
+        return Err(CliError::Usage(format!("--cr {cr}, expected 1 or 2")));
+    }
+    let spec = CaseSpec {
+        op,
+        layout,
+        compress_ratio: cr,
+        tokens: o.num("tokens", 256)?,
+        requests: o.num("requests", 4)?,
+        ring_capacity: o.num("ring-capacity", 4)?,
+        seed: o.num("seed", 1)?,
+        sanitize: o.flag("sanitize"),
+        adversarial: o.flag("adversarial"),
+    };
+    if spec.tokens == 0 {
+        return Err(CliError::Usage("--tokens must be at least 1".into()));
+    }
+    let mut f = make_case(&spec);
+    f.capture_reference()?;
+    f.save(out)?;
+    println!(
+        "wrote {out}: {}, {} tensors",
+        describe_file(&f),
+        f.tensors.len()
+    );
+    Ok(())
+}

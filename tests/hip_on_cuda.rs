@@ -1,0 +1,335 @@
+//! The HIP backend's host code through the test HIP runtime on CUDA
+//! (`hip-on-cuda/`, loaded as `libamdhip64.so` through the normal search
+//! path; see `scripts/hip-on-cuda.sh`): the device it reports selects the
+//! code object and the sanitize default, every injected fault gives an error
+//! naming what failed without a panic, the backend keeps working after the
+//! recoverable ones, and nothing leaks (the runtime counts allocations,
+//! modules, streams, events and graphs).
+//!
+//! Anywhere else (no such runtime on the library path, or no NVIDIA GPU)
+//! this prints SKIPPED with the reason; with `HIPCUDA_REQUIRED=1` (the
+//! script sets it) that is a failure instead.
+
+#![cfg(feature = "hip")]
+
+mod common;
+
+use common::{random_case, run_case, Kind, Op};
+use dsv4_kvcache::backend::hip::HipBackend;
+use dsv4_kvcache::detect::SanitizePolicy;
+use dsv4_kvcache::kernel_abi::KERNEL_NAMES;
+use dsv4_kvcache::{Backend, CpuBackend, Error, RecordLayout};
+use std::ffi::{c_char, c_int, CString};
+use std::io::Write as _;
+
+type Configure = unsafe extern "C" fn(*const c_char) -> c_int;
+type Counters = unsafe extern "C" fn(*mut u64, usize) -> usize;
+
+/// The test runtime's control entry points (same library the backend loads:
+/// `dlopen` of the same name returns the same handle).
+struct Shim {
+    configure: Configure,
+    counters: Counters,
+    _lib: libloading::Library,
+}
+
+impl Shim {
+    fn open() -> Result<Shim, String> {
+        // SAFETY: loading a HIP runtime runs its initializers only.
+        let lib = unsafe { libloading::Library::new("libamdhip64.so") }
+            .map_err(|e| format!("no libamdhip64.so on the library path ({e})"))?;
+        // SAFETY: the symbols have these signatures in hip-on-cuda.
+        unsafe {
+            let configure = *lib
+                .get::<Configure>(b"hipcudaConfigure\0")
+                .map_err(|_| "libamdhip64.so is not the hip-on-cuda test runtime".to_string())?;
+            let counters = *lib
+                .get::<Counters>(b"hipcudaCounters\0")
+                .map_err(|e| format!("hipcudaCounters: {e}"))?;
+            Ok(Shim {
+                configure,
+                counters,
+                _lib: lib,
+            })
+        }
+    }
+
+    fn set(&self, spec: &str) {
+        let c = CString::new(spec).expect("no NUL");
+        // SAFETY: c is NUL-terminated.
+        assert_eq!(unsafe { (self.configure)(c.as_ptr()) }, 0, "{spec}");
+    }
+
+    /// The counters by name.
+    fn counters(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        const NAMES: &[&str] = &[
+            "allocs",
+            "frees",
+            "bad_frees",
+            "live_allocs",
+            "live_bytes",
+            "modules_loaded",
+            "modules_unloaded",
+            "graphs_created",
+            "graphs_destroyed",
+            "execs_created",
+            "execs_destroyed",
+            "streams_created",
+            "streams_destroyed",
+            "events_created",
+            "events_destroyed",
+            "faults_injected",
+        ];
+        let mut v = vec![0u64; NAMES.len()];
+        // SAFETY: v holds NAMES.len() values.
+        let n = unsafe { (self.counters)(v.as_mut_ptr(), v.len()) };
+        assert_eq!(n, NAMES.len(), "counter list changed");
+        NAMES.iter().copied().zip(v).collect()
+    }
+
+    /// Everything created has been released.
+    fn assert_balanced(&self, when: &str) {
+        let c = self.counters();
+        assert_eq!(c["allocs"], c["frees"], "{when}: allocations leaked: {c:?}");
+        assert_eq!(c["live_allocs"], 0, "{when}: {c:?}");
+        assert_eq!(c["bad_frees"], 0, "{when}: {c:?}");
+        for (made, gone) in [
+            ("modules_loaded", "modules_unloaded"),
+            ("graphs_created", "graphs_destroyed"),
+            ("execs_created", "execs_destroyed"),
+            ("streams_created", "streams_destroyed"),
+            ("events_created", "events_destroyed"),
+        ] {
+            assert_eq!(c[made], c[gone], "{when}: {made} vs {gone}: {c:?}");
+        }
+    }
+}
+
+fn skip(reason: &str) {
+    assert!(
+        std::env::var("HIPCUDA_REQUIRED").as_deref() != Ok("1"),
+        "HIPCUDA_REQUIRED=1 but: {reason}"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED hip_on_cuda: {reason} ***\n"
+    );
+}
+
+fn open(policy: SanitizePolicy) -> dsv4_kvcache::Result<HipBackend> {
+    HipBackend::with_policy(0, policy)
+}
+
+/// An MXFP8 insert with special values (NaN among them) whose sanitized
+/// and unsanitized reference bytes differ.
+fn nan_insert_case(sanitize: bool) -> common::Case {
+    let cpu_on = {
+        let mut c = CpuBackend::new();
+        c.set_sanitize(true);
+        c
+    };
+    let cpu_off = CpuBackend::new();
+    for seed in 0..64 {
+        let mut k = Kind::new(Op::Insert, 1, RecordLayout::Mxfp8);
+        k.special_values = true;
+        k.sanitize = true;
+        let on = random_case(seed, k);
+        let mut off = on.clone();
+        off.kind.sanitize = false;
+        if run_case(&cpu_on, &on) != run_case(&cpu_off, &off) {
+            return if sanitize { on } else { off };
+        }
+    }
+    panic!("no seed gave an insert whose NaN sanitizing matters");
+}
+
+/// The case's bytes on `b` equal the reference's with `b`'s sanitize setting.
+fn matches_reference(b: &HipBackend, case: &common::Case, what: &str) {
+    let mut cpu = CpuBackend::new();
+    cpu.set_sanitize(b.sanitize());
+    let want = run_case(&cpu, case);
+    let got = run_case(b, case);
+    assert!(want.result.is_ok(), "{what}: reference failed");
+    assert!(
+        got == want,
+        "{what}: {} differs from the reference",
+        b.name()
+    );
+}
+
+fn expect_unavailable(r: dsv4_kvcache::Result<HipBackend>, needles: &[&str], what: &str) {
+    match r {
+        Err(Error::Unavailable { backend, reason }) => {
+            assert_eq!(backend, "hip");
+            for n in needles {
+                assert!(reason.contains(n), "{what}: {n:?} missing from: {reason}");
+            }
+            println!("{what}: {reason}");
+        }
+        Err(e) => panic!("{what}: expected Unavailable, got {e}"),
+        Ok(b) => panic!("{what}: opened {} although a fault was armed", b.name()),
+    }
+}
+
+fn expect_driver<T>(r: dsv4_kvcache::Result<T>, call: &str, code: &str, what: &str) {
+    match r {
+        Err(e @ Error::Driver { .. }) => {
+            let s = e.to_string();
+            assert!(s.contains(call) && s.contains(code), "{what}: {s}");
+            println!("{what}: {s}");
+        }
+        Err(e) => panic!("{what}: expected a driver error naming {call}, got {e}"),
+        Ok(_) => panic!("{what}: succeeded although a fault was armed"),
+    }
+}
+
+/// One test, run in order: the faults are process-wide, so nothing else may
+/// use the runtime meanwhile.
+#[test]
+fn devices_faults_and_leaks() {
+    let shim = match Shim::open() {
+        Ok(s) => s,
+        Err(reason) => return skip(&reason),
+    };
+    shim.set("fault=none;device=mi300x");
+    let b = match open(SanitizePolicy::Auto) {
+        Ok(b) => b,
+        Err(e) => return skip(&format!("the test runtime is loaded but: {e}")),
+    };
+
+    // MI300X: gfx942, its code object, sanitize off by default.
+    assert_eq!(b.arch().name, "gfx942", "{}", b.name());
+    assert_eq!(b.arch().to_string(), "gfx942:sramecc+:xnack-");
+    assert_eq!(b.target(), "gfx942");
+    assert_eq!(b.device_name(), "AMD Instinct MI300X");
+    assert!(!b.sanitize(), "gfx942 does not sanitize by default");
+    assert!(b.runtime_path().contains("libamdhip64"));
+    let plain = nan_insert_case(false);
+    matches_reference(&b, &plain, "mi300x");
+    drop(b);
+    shim.assert_balanced("after the mi300x backend");
+
+    // MI355X: gfx950 sanitizes by itself, and its bytes are the sanitized
+    // reference's (which differ from the unsanitized ones for this case).
+    shim.set("device=mi355x");
+    let b = open(SanitizePolicy::Auto).expect("mi355x backend");
+    assert_eq!(b.arch().to_string(), "gfx950:sramecc+:xnack-");
+    assert_eq!(b.target(), "gfx950");
+    assert!(b.sanitize(), "gfx950 sanitizes by default");
+    let sanitized = nan_insert_case(true);
+    matches_reference(&b, &sanitized, "mi355x, sanitize auto");
+    let got = run_case(&b, &sanitized);
+    assert!(
+        got != run_case(&CpuBackend::new(), &plain),
+        "the gfx950 bytes are the sanitized ones, not the plain ones"
+    );
+    // An explicit policy still wins.
+    let off = open(SanitizePolicy::Off).expect("second backend");
+    assert!(!off.sanitize());
+    drop(off);
+
+    // Recoverable faults on a working backend: the call fails with an error
+    // that names it, and the next one works.
+    shim.set("fault=alloc");
+    expect_driver(
+        b.upload(&[1, 2, 3]),
+        "hipMalloc",
+        "hipErrorOutOfMemory",
+        "alloc fault",
+    );
+    let buf = b.upload(&[1, 2, 3]).expect("upload after the alloc fault");
+    assert_eq!(b.read(&buf).unwrap(), [1, 2, 3]);
+    drop(buf);
+
+    shim.set("fault=launch@2");
+    let first = run_case(&b, &sanitized);
+    assert!(
+        first.result.is_ok(),
+        "the first launch is not the faulty one"
+    );
+    let second = run_case(&b, &sanitized);
+    match &second.result {
+        Err(e @ Error::Driver { .. }) => {
+            let s = e.to_string();
+            assert!(
+                s.contains("hipModuleLaunchKernel") && s.contains("hipErrorLaunchFailure"),
+                "{s}"
+            );
+            println!("launch fault: {s}");
+        }
+        other => panic!("launch fault: expected a driver error, got {other:?}"),
+    }
+    matches_reference(&b, &sanitized, "launch after the launch fault");
+
+    shim.set("fault=capture");
+    let dev_buf = b.upload(&[0u8; 64]).unwrap();
+    // Empty captures: the fault is in ending the capture, whatever it holds
+    // (tests/hip_backend.rs replays real launches).
+    let r = b.capture(|_| Ok(()));
+    expect_driver(
+        r.map(|_| ()),
+        "hipStreamEndCapture",
+        "hipErrorStreamCaptureInvalidated",
+        "capture fault",
+    );
+    // The stream left capture mode: eager work and a new capture work.
+    assert_eq!(b.read(&dev_buf).unwrap(), vec![0u8; 64]);
+    let g = b
+        .capture(|_| Ok(()))
+        .expect("capture after the capture fault");
+    g.launch().expect("replay");
+    b.synchronize().unwrap();
+    drop(g);
+    drop(dev_buf);
+    matches_reference(&b, &sanitized, "after the capture fault");
+    drop(b);
+    shim.assert_balanced("after the recoverable faults");
+
+    // Faults while opening: a clear error, and nothing left behind.
+    shim.set("fault=alloc");
+    expect_unavailable(
+        open(SanitizePolicy::Auto),
+        &["hipMalloc", "skip counters", "hipErrorOutOfMemory"],
+        "alloc fault at open",
+    );
+    shim.set("fault=module-load");
+    expect_unavailable(
+        open(SanitizePolicy::Auto),
+        &[
+            "hipModuleLoadData",
+            "gfx950",
+            "code object",
+            "hipErrorInvalidImage",
+        ],
+        "module load fault",
+    );
+    shim.set("fault=missing-kernel@3");
+    expect_unavailable(
+        open(SanitizePolicy::Auto),
+        &["hipModuleGetFunction", KERNEL_NAMES[2], "hipErrorNotFound"],
+        "missing kernel fault",
+    );
+    shim.set("fault=arch");
+    expect_unavailable(
+        open(SanitizePolicy::Auto),
+        &["gcnArchName"],
+        "unknown architecture fault",
+    );
+    shim.set("fault=none;device=mi210");
+    expect_unavailable(
+        open(SanitizePolicy::Auto),
+        &["gfx90a", "DSV4_KVCACHE_HIP_ARCHS"],
+        "an architecture without a code object",
+    );
+    shim.assert_balanced("after the faults at open");
+
+    // And the runtime still opens a working backend.
+    shim.set("fault=none;device=mi300x");
+    let b = open(SanitizePolicy::Auto).expect("backend after every fault");
+    matches_reference(&b, &plain, "mi300x after the faults");
+    drop(b);
+    shim.assert_balanced("at the end");
+    let c = shim.counters();
+    assert!(c["faults_injected"] >= 7, "{c:?}");
+    println!("hip-on-cuda counters: {c:?}");
+}
