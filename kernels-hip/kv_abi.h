@@ -40,7 +40,7 @@ struct KvCompressParams {
     int32_t n;                // tokens
     int32_t num_reqs;         // requests (CR2)
     float eps;                // RMSNorm epsilon
-    uint32_t flags;           // KV_F_* bits
+    uint32_t flags;           // flag bits (kernel_abi::flags)
     int32_t ring_shift;       // log2(ring_capacity), or -1 when not a power of two
 };
 
@@ -61,7 +61,7 @@ struct KvInsertParams {
     int32_t block_size;       // rows per block
     int32_t n;                // tokens
     uint32_t compress_ratio;  // 1 or 2
-    uint32_t flags;           // KV_F_* bits
+    uint32_t flags;           // flag bits (kernel_abi::flags)
     int32_t block_shift;      // log2(block_size), or -1 when not a power of two
     uint32_t pad;             // padding to 8 bytes
 };
@@ -77,7 +77,7 @@ struct KvRingRowsParams {
     int32_t ring_blocks;      // ring blocks
     int32_t ring_capacity;    // ring rows per block
     int32_t n;                // rows
-    uint32_t flags;           // KV_F_* bits
+    uint32_t flags;           // flag bits (kernel_abi::flags)
     int32_t ring_shift;       // log2(ring_capacity), or -1 when not a power of two
 };
 
@@ -98,7 +98,7 @@ struct KvFusedParams {
 // reads comes from slots (slot form) or block_table, cu_seq_lens and
 // seq_starts (block-table form, KV_GF_BLOCK_TABLE).
 struct KvGatherParams {
-    const uint8_t* cache;     // kv_cache (the view's first byte)
+    const uint8_t* cache;     // the cache view's first byte
     const void* slots;        // slot_mapping (I32 or I64: flags)
     const void* block_table;  // block_table (I32 or I64: flags)
     const void* cu_seq_lens;  // cu_seq_lens (I32 or I64: flags)
@@ -116,7 +116,7 @@ struct KvGatherParams {
     int32_t num_reqs;         // requests (block-table form)
     int32_t table_row_stride;  // block_table row stride
     int32_t max_blocks;       // block_table columns
-    uint32_t flags;           // KV_GF_* bits
+    uint32_t flags;           // the gather flag bits below, groups per block
     uint32_t pad;             // padding to 8 bytes
 };
 

@@ -12,7 +12,7 @@
 // Lanes talk only through kv_shfl_xor (distances below 32) and kv_shfl_idx_u32 (a lane of the same
 // group), which stay inside an aligned 32-lane group on 32-lane warps and on
 // 64-lane wavefronts, so nothing here depends on the hardware's width. The
-// host picks how many groups make a block (src/kernel_abi.rs, geometry) and
+// host picks how many groups make a block (src/launch.rs, LaunchPolicy::geometry) and
 // passes it in the flags word. Groups never wait for each other, so a group
 // whose token is skipped simply returns; the one exception is the CR2 team
 // kernels, where a block of four groups shares one item and meets at one
@@ -549,7 +549,7 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
 // Large decode batches of one-token requests run pairs of groups instead:
 // a block of 64 threads, one AMD wavefront, with half the idle lanes of a
 // team of four while group 0 norms and emits, so more items run at once
-// (see kernel_abi::cr2_shape for the measured ranges).
+// (see LaunchPolicy::cr2_shape for the measured ranges).
 
 #define KV_CR2_TEAM 4
 #define KV_CR2_PAIR 2
@@ -687,7 +687,7 @@ KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInser
 // values, and leaves it to the request item. Only in the OWN2 kernels
 // (kv_compress_cr2_team_mtp, kv_compress_cr2_pair_mtp,
 // kv_fused_cr2_team_mtp_*), which screened launches of more than one
-// multi-token request in four run (kernel_abi::Cr2Shape::multi_token):
+// multi-token request in four run (launch::Cr2Shape::multi_token):
 // built into every team kernel, the longer request item slows one-token
 // decode (docs/tuning.md, Kernels), and the lone groups'
 // fused kernels spill with the second row live (80 registers).
@@ -918,9 +918,9 @@ KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins,
     }
 }
 
-// A team's shared memory, sized by the launch (kernel_abi::team_geometry):
+// A team's shared memory, sized by the launch (launch::team_geometry):
 // one token's pooled values (512 floats) for a team item, and in a
-// screened launch (kernel_abi::screened_team_geometry) TEAM of them plus
+// screened launch (launch::screened_team_geometry) TEAM of them plus
 // the TEAM closing positions. Dynamic, so that only screened launches pay
 // for the larger size: on gfx942 (64 KB of LDS per CU) 8 KB per team would
 // cut the blocks a CU holds.
@@ -997,7 +997,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_compress_cr2(const KvCompre
 }
 
 // Long chunks (prefill): lone groups pooling by halves, at four blocks per
-// SM on sm_90 (kernel_abi::cr2_shape picks it above 3072 items when
+// SM on sm_90 (LaunchPolicy::cr2_shape picks it above 3072 items when
 // fewer than half the tokens start a chunk).
 KV_KERNEL KV_LAUNCH_BOUNDS_4(KV_BLOCK_THREADS) void kv_compress_cr2_long(const KvCompressParams c) {
     kv_compress<false, 0, true>(c, 0, 2);
@@ -1082,7 +1082,7 @@ KV_INSERT_KERNEL(kv_insert_nvfp4, KV_LAYOUT_NVFP4)
 KV_INSERT_KERNEL(kv_insert_bf16, KV_LAYOUT_BF16)
 KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8)
 
-// The host runs these for CR1 launches above 2048 tokens (src/kernel_abi.rs,
+// The host runs these for CR1 launches above 2048 tokens (src/launch.rs,
 // insert_uses_tiles), and only for CR1: they skip the compress-ratio test.
 // At decode sizes a block's mixed warp runs both paths within one token's
 // latency, and with CR2 only every other token is usually written, while a

@@ -19,8 +19,8 @@
 # What runs: for a reported MI300X (gfx942) and MI355X (gfx950): `info`, the
 # HIP backend tests (parity with the reference, graph replay vs eager, event
 # timing), the in-process fault/leak/sanitize test, the device parity suite
-# through HipBackend in all eight kernel mappings (MI300X; the default
-# mapping on MI355X), `verify` of the seed vectors and `demo --backend hip`;
+# through HipBackend in all eight kernel mappings (one process; one case per
+# kind and value mix on MI355X), `verify` of the seed vectors and `demo --backend hip`;
 # then every injected fault through the CLI (an error naming what failed, no
 # panic, nothing left allocated), and the parity suite under
 # compute-sanitizer memcheck. Where there is no NVIDIA GPU it prints SKIPPED
@@ -28,7 +28,7 @@
 #
 # Environment: HIPCUDA_PARITY_CASES (cases per kind and value mix for the
 # parity runs; default the suite's own, 8), HIPCUDA_MEMCHECK_CASES (default
-# 1), HIPCUDA_QUICK=1 (only the default mapping on each device),
+# 1), HIPCUDA_QUICK=1 (one parity case per kind and value mix on each device),
 # HIPCUDA_WORK (the folder for logs; default a new temporary one).
 set -uo pipefail
 
@@ -177,32 +177,23 @@ run() {
             show_tail "$log" 40
         fi
 
-        local mappings=("")
-        if [ "$dev" = mi300x ] && [ "${HIPCUDA_QUICK:-0}" != 1 ]; then
-            mappings=(
-                ""
-                "DSV4_KVCACHE_CR2_TEAMS=0"
-                "DSV4_KVCACHE_CR2_TEAMS=2"
-                "DSV4_KVCACHE_CR2_TEAMS=3"
-                "DSV4_KVCACHE_CR2_SCREEN=1"
-                "DSV4_KVCACHE_CR2_SCREEN=1 DSV4_KVCACHE_CR2_TEAMS=2"
-                "DSV4_KVCACHE_INSERT_TILES=1"
-                "DSV4_KVCACHE_GROUPS_PER_BLOCK=8 DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_CR2_TEAMS=0"
-            )
+        # One run covers the eight kernel mappings (LaunchPolicy::MAPPINGS):
+        # device_parity prints a PARITY line for each.
+        local quick=()
+        if [ "$dev" != mi300x ] || [ "${HIPCUDA_QUICK:-0}" = 1 ]; then
+            [ -z "${HIPCUDA_PARITY_CASES:-}" ] && quick=("DSV4_KVCACHE_PARITY_CASES=1")
         fi
-        local m
-        for m in "${mappings[@]}"; do
-            # shellcheck disable=SC2086
-            logrun env $m "${parity_env[@]}" "$bin/device_parity" hip_matches_reference --exact --nocapture
-            local line
-            line="$(grep -o "PARITY hip:.*" "$log" | head -1)"
-            if [ $rc -eq 0 ] && grep -q ", 0 mismatching cases" <<<"$line"; then
-                pass "$dev parity [${m:-default mapping}]: ${line#PARITY }"
-            else
-                fail "$dev parity [${m:-default mapping}] (rc $rc)"
-                show_tail "$log"
-            fi
-        done
+        logrun env "${parity_env[@]}" "${quick[@]}" "$bin/device_parity" hip_matches_reference --exact --nocapture
+        local lines
+        lines="$(grep -o "PARITY hip:.*" "$log")"
+        if [ $rc -eq 0 ] && [ "$(grep -c ", 0 mismatching cases" <<<"$lines")" -eq 8 ]; then
+            while IFS= read -r line; do
+                pass "$dev parity: ${line#PARITY }"
+            done <<<"$lines"
+        else
+            fail "$dev parity, eight mappings (rc $rc)"
+            show_tail "$log"
+        fi
 
         logrun "$bin/dsv4-kvcache" verify "$dir"/vectors/seed_*.safetensors --backend hip
         if [ $rc -eq 0 ]; then

@@ -23,27 +23,18 @@ cargo build --release --all-targets --no-default-features --features hip
 ./target/release/dsv4-kvcache info
 # A missing GPU is a failure here, not a skip.
 export DSV4_KVCACHE_REQUIRE_GPU=1
-cargo test --release --no-default-features --features hip --test hip_backend --test device_parity --test code_objects -- --nocapture
-# The parity cases are decode-sized, so CR2 runs in teams and CR1 inserts a
-# token per group above; once more with the one-group-per-item CR2 kernels,
-# with the pair kernels, with the long-chunk kernels (lone groups pooling by
-# halves), with the screened token blocks of large decode batches (teams
-# and pairs), with the tile-major CR1 inserts, which larger launches use,
-# and once with blocks of 8 groups (the tile-major mapping's other shape).
-DSV4_KVCACHE_CR2_TEAMS=0 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
-DSV4_KVCACHE_CR2_TEAMS=2 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
-DSV4_KVCACHE_CR2_TEAMS=3 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
-DSV4_KVCACHE_CR2_SCREEN=1 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
-DSV4_KVCACHE_CR2_SCREEN=1 DSV4_KVCACHE_CR2_TEAMS=2 \
-    cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
-DSV4_KVCACHE_INSERT_TILES=1 cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
-DSV4_KVCACHE_GROUPS_PER_BLOCK=8 DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_CR2_TEAMS=0 \
-    cargo test --release --no-default-features --features hip --test device_parity -- --nocapture
+# device_parity runs every case under each of the eight launch mappings
+# (LaunchPolicy::MAPPINGS: measured heuristics, lone CR2 groups, pairs, lone
+# groups by halves, screened teams, screened pairs, tile-major CR1 inserts,
+# blocks of 8 groups) in one process; same_errors compares the HIP backend's
+# errors with the CPU reference's.
+cargo test --release --no-default-features --features hip --test hip_backend --test device_parity \
+    --test code_objects --test seed_vectors --test same_errors -- --nocapture
 ./target/release/dsv4-kvcache verify tests/vectors/seed_*.safetensors --backend hip
 ./target/release/dsv4-kvcache demo --backend hip
 ./target/release/dsv4-kvcache bench --backend hip --out rocm-bench.json
 # The H200 picked screened teams and pairs for large decode batches and
-# mid-sized long chunks (kernel_abi::cr2_shape); on gfx942 a screened team
+# mid-sized long chunks (LaunchPolicy::cr2_shape); on gfx942 a screened team
 # block's 8.2 KB of LDS lets a CU hold at most seven of them. The CR2 rows
 # once more unscreened, to check that choice on this GPU.
 DSV4_KVCACHE_CR2_SCREEN=0 ./target/release/dsv4-kvcache bench --backend hip \

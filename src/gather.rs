@@ -25,9 +25,8 @@ use crate::backend::cpu::rd_index;
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::formats::{bf16_from_f32, f32_canonical};
-use crate::kernel_abi::{
-    flags as abi_flags, geometry, GatherParams, Geometry, Kernel, KernelParams,
-};
+use crate::kernel_abi::{flags as abi_flags, GatherParams, Geometry, Kernel, KernelParams};
+use crate::launch::LaunchPolicy;
 use crate::layout::{decode_record, RecordLayout, DIM};
 use crate::ops::{
     aligned, cache_view, dtype, extent, fits_i32, fp8_scale, index, rows, shape_err, CachePlan,
@@ -562,22 +561,27 @@ pub const GATHER_TWO_ROWS_MIN: usize = 8192;
 /// The shape of one gather launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GatherLaunch {
-    /// Grid and block ([`crate::kernel_abi::geometry`] of the groups).
+    /// Grid and block ([`LaunchPolicy::geometry`] of the groups).
     pub geometry: Geometry,
     /// Each group gathers rows `2 g` and `2 g + 1`.
     pub two_rows: bool,
 }
 
-/// The launch for `n` rows; `two_rows` forces the rows per group (else
-/// [`GATHER_TWO_ROWS_MIN`] decides). `None` when there is nothing to launch.
-pub fn gather_launch(n: usize, two_rows: Option<bool>) -> Option<GatherLaunch> {
+/// The launch for `n` rows under `policy`; `two_rows` forces the rows per
+/// group (else [`GATHER_TWO_ROWS_MIN`] decides). `None` when there is
+/// nothing to launch.
+pub fn gather_launch(
+    policy: &LaunchPolicy,
+    n: usize,
+    two_rows: Option<bool>,
+) -> Option<GatherLaunch> {
     if n == 0 {
         return None;
     }
     let two_rows = two_rows.unwrap_or(n >= GATHER_TWO_ROWS_MIN);
     let groups = if two_rows { n.div_ceil(2) } else { n };
     Some(GatherLaunch {
-        geometry: geometry(groups as u64),
+        geometry: policy.geometry(groups as u64),
         two_rows,
     })
 }
@@ -689,7 +693,8 @@ mod tests {
 
     #[test]
     fn launches_cover_every_row() {
-        assert_eq!(gather_launch(0, None), None);
+        let pol = LaunchPolicy::default();
+        assert_eq!(gather_launch(&pol, 0, None), None);
         for n in [
             1usize,
             2,
@@ -702,7 +707,7 @@ mod tests {
             65537,
         ] {
             for force in [None, Some(false), Some(true)] {
-                let l = gather_launch(n, force).unwrap();
+                let l = gather_launch(&pol, n, force).unwrap();
                 let groups = u64::from(l.geometry.grid) << l.geometry.groups_log2;
                 let rows = groups * if l.two_rows { 2 } else { 1 };
                 assert!(rows >= n as u64, "n {n} {force:?}");

@@ -11,7 +11,7 @@
 //! byte-identical across all of them.
 //!
 //! Without a usable GPU this prints `SKIPPED: <reason>` and passes, unless
-//! `DSV4_KVCACHE_REQUIRE_GPU=1`, where that is a failure.
+//! `DSV4_KVCACHE_REQUIRE_GPU` requires a CUDA device (`tests/gpu_required`).
 
 #![cfg(feature = "cuda")]
 
@@ -21,19 +21,21 @@ use dsv4_kvcache::{
     Backend, CompressArgs, CpuBackend, DType, Error, InsertArgs, RecordLayout, Result, SkipCounts,
     Tensor, TensorDesc, TensorMut,
 };
-use std::io::Write as _;
+
+#[path = "gpu_required/mod.rs"]
+mod gpu_required;
 
 /// The GPU, or `None` after saying loudly why not.
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
         Ok(b) => Some(b),
         Err(e) => {
-            if std::env::var("DSV4_KVCACHE_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("DSV4_KVCACHE_REQUIRE_GPU=1 but the CUDA backend is unavailable: {e}");
-            }
-            // Straight to the process's stderr, past the test harness's
-            // output capture, so the skip is seen without --nocapture.
-            let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: cuda_graph: {e} ***\n");
+            gpu_required::skip_or_fail(
+                "cuda_graph",
+                "cuda",
+                dsv4_kvcache::backend::cuda::CudaDriver::library_present(),
+                &e,
+            );
             None
         }
     }
@@ -326,7 +328,7 @@ fn graph_replay_matches_eager_and_cpu() -> Result<()> {
         cache: raw_of(&x.cache),
         cache_slots: RawDevice::unbounded(x.cache_slots.device_ptr()),
     };
-    let stream = gpu.stream().cu_stream();
+    let stream = gpu.stream();
     // SAFETY: the pointers are live buffers of this backend, used on its
     // stream; the skip counters are the backend's, read after a wait.
     run_case(

@@ -6,23 +6,17 @@
 //! random strides and offsets; plus the adversarial cases. Outputs compared:
 //! the launch's result, latents, ring, cache and skip counts.
 //!
-//! Without a GPU this says loudly that it skipped; with
-//! `DSV4_KVCACHE_REQUIRE_GPU=1` a missing CUDA GPU is a failure.
-//! `DSV4_KVCACHE_PARITY_CASES` sets the cases per kind and value mix
-//! (default 8: 336 kinds x 4 mixes x 8 = 10,752 random cases).
+//! Every case runs under each of the eight launch policies of
+//! `LaunchPolicy::MAPPINGS` (the measured heuristics, lone CR2 groups, pairs,
+//! lone groups by halves, screened teams, screened pairs, tile-major CR1
+//! inserts, and blocks of 8 groups), which together launch every kernel
+//! (`launch::tests::the_mappings_reach_every_kernel`), in one process.
 //!
-//! The cases are decode-sized, so CR2 runs on the team kernels
-//! (`kernel_abi::cr2_shape`) and CR1 inserts a token per group
-//! (`kernel_abi::insert_uses_tiles`); run again with
-//! `DSV4_KVCACHE_CR2_TEAMS=0` (lone groups), `DSV4_KVCACHE_CR2_TEAMS=2`
-//! (pairs), `DSV4_KVCACHE_CR2_TEAMS=3` (lone groups by halves, the
-//! long-chunk kernels), with `DSV4_KVCACHE_CR2_SCREEN=1` (teams or pairs
-//! whose token blocks screen a token per group, as large decode batches
-//! run them; the cases' multi-token chunks then pool several tokens per
-//! block, and their compresses run the multi-token kernels, plain and
-//! fused in teams, plain in pairs, `kernel_abi::Cr2Shape::multi_token`) and
-//! with `DSV4_KVCACHE_INSERT_TILES=1` to check the kernels that larger
-//! launches use (the line printed says which ran).
+//! Without a GPU this says loudly that it skipped; `DSV4_KVCACHE_REQUIRE_GPU`
+//! makes a missing device a failure (`tests/gpu_required`).
+//! `DSV4_KVCACHE_PARITY_CASES` sets the cases per kind and value mix
+//! (default 8: 336 kinds x 4 mixes x 8 = 10,752 random cases, each run
+//! under the eight policies).
 
 // Built without both GPU features, the device paths below are compiled out.
 #![cfg_attr(
@@ -31,21 +25,13 @@
 )]
 
 mod common;
+#[path = "gpu_required/mod.rs"]
+mod gpu_required;
 
-use common::{adversarial_cases, all_kinds, random_case, run_case_mut, Case};
+use common::{adversarial_cases, all_kinds, random_case, run_case_mut, Case, Outputs};
+use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
 use dsv4_kvcache::backend::Backend;
-use dsv4_kvcache::CpuBackend;
-use std::io::Write;
-
-/// Writes past the test harness's capture, so a skip shows in a plain
-/// `cargo test`.
-fn skipped(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED {msg} ***\n");
-}
-
-fn require_gpu() -> bool {
-    std::env::var("DSV4_KVCACHE_REQUIRE_GPU").is_ok_and(|v| v == "1")
-}
+use dsv4_kvcache::{CpuBackend, LaunchPolicy, Result, SkipCounts};
 
 /// Every case the parity run uses, labelled.
 fn cases() -> Vec<(String, Case)> {
@@ -71,129 +57,234 @@ fn cases() -> Vec<(String, Case)> {
     out
 }
 
-/// Runs every case on the reference and on `dev`; panics listing the first
-/// mismatches.
-fn check_backend<B: Backend>(dev: &mut B) {
-    let mut cpu = CpuBackend::new();
-    let all = cases();
-    let (mut bad, mut bytes) = (Vec::new(), 0u64);
-    for (label, case) in &all {
-        let want = run_case_mut(&mut cpu, case);
-        let got = run_case_mut(dev, case);
-        for o in [&want.latent, &want.state_cache, &want.kv_cache]
-            .into_iter()
-            .flatten()
-        {
-            bytes += o.len() as u64;
-        }
-        if want != got {
-            if bad.len() < 5 {
-                eprintln!(
-                    "MISMATCH {label}: want {:?} got {:?}",
-                    want.skips, got.skips
-                );
-                for (name, w, g) in [
-                    ("latent", &want.latent, &got.latent),
-                    ("ring", &want.state_cache, &got.state_cache),
-                    ("cache", &want.kv_cache, &got.kv_cache),
-                ] {
-                    if let (Some(w), Some(g)) = (w, g) {
-                        let diff = w.iter().zip(g).filter(|(a, b)| a != b).count();
-                        if diff > 0 {
-                            eprintln!("  {name}: {diff} bytes differ");
-                        }
-                    }
-                }
-                if want.result != got.result {
-                    eprintln!("  result: want {:?} got {:?}", want.result, got.result);
+/// What a parity run found under one launch mapping.
+#[derive(Default)]
+struct Tally {
+    /// Labels of the cases whose outputs differ.
+    bad: Vec<String>,
+    /// Output bytes compared.
+    bytes: u64,
+}
+
+/// Compares one case's device outputs with the reference's, printing the
+/// first few differences.
+fn compare(tally: &mut Tally, mapping: &str, label: &str, want: &Outputs, got: &Outputs) {
+    for o in [&want.latent, &want.state_cache, &want.kv_cache]
+        .into_iter()
+        .flatten()
+    {
+        tally.bytes += o.len() as u64;
+    }
+    if want == got {
+        return;
+    }
+    if tally.bad.len() < 5 {
+        eprintln!(
+            "MISMATCH [{mapping}] {label}: want {:?} got {:?}",
+            want.skips, got.skips
+        );
+        for (name, w, g) in [
+            ("latent", &want.latent, &got.latent),
+            ("ring", &want.state_cache, &got.state_cache),
+            ("cache", &want.kv_cache, &got.kv_cache),
+        ] {
+            if let (Some(w), Some(g)) = (w, g) {
+                let diff = w.iter().zip(g).filter(|(a, b)| a != b).count();
+                if diff > 0 {
+                    eprintln!("  {name}: {diff} bytes differ");
                 }
             }
-            bad.push(label.clone());
+        }
+        if want.result != got.result {
+            eprintln!("  result: want {:?} got {:?}", want.result, got.result);
         }
     }
-    println!(
-        "PARITY {}: {} cases, {bytes} output bytes compared, {} mismatching cases (CR2 kernels: {}; CR1 inserts: {})",
-        dev.name(),
-        all.len(),
-        bad.len(),
-        {
-            use dsv4_kvcache::kernel_abi::{cr2_shape, Cr2Items};
-            // A one-token decode step, and whatever the environment forces.
-            let s = cr2_shape(1, 1, false);
-            match (s.items, s.screen_tokens) {
-                (Cr2Items::Teams, false) => "teams",
-                (Cr2Items::Teams, true) => "teams, tokens screened",
-                (Cr2Items::Pairs, false) => "pairs",
-                (Cr2Items::Pairs, true) => "pairs, tokens screened",
-                (Cr2Items::Lone, _) => "one group per item",
-                (Cr2Items::LoneHalves, _) => "one group per item, by halves",
-            }
-        },
-        if dsv4_kvcache::kernel_abi::insert_uses_tiles(1, 1) {
-            "tile-major where the layout has it"
-        } else {
-            "a token per group"
+    tally.bad.push(label.to_string());
+}
+
+/// Runs `all` on the reference and on `dev` once per entry of `mappings`
+/// (`set` switches `dev` to it); one tally per mapping.
+fn parity<B: Backend>(
+    dev: &mut B,
+    all: &[(String, Case)],
+    mappings: &[&str],
+    mut set: impl FnMut(&mut B, usize),
+) -> Vec<Tally> {
+    let mut cpu = CpuBackend::new();
+    let mut tallies: Vec<Tally> = mappings.iter().map(|_| Tally::default()).collect();
+    for (label, case) in all {
+        let want = run_case_mut(&mut cpu, case);
+        for (m, tally) in tallies.iter_mut().enumerate() {
+            set(dev, m);
+            let got = run_case_mut(dev, case);
+            compare(tally, mappings[m], label, &want, &got);
         }
-    );
-    assert!(
-        bad.is_empty(),
-        "device output differs from the reference in {} cases",
-        bad.len()
+    }
+    tallies
+}
+
+/// Every case under every launch mapping on `dev`; panics listing the
+/// mismatches.
+fn check_gpu<D: Driver>(dev: &mut GpuBackend<D>) {
+    let all = cases();
+    let before = dev.launch_policy();
+    let labels: Vec<&str> = LaunchPolicy::MAPPINGS.iter().map(|(l, _)| *l).collect();
+    let tallies = parity(dev, &all, &labels, |d, m| {
+        d.set_launch_policy(LaunchPolicy::MAPPINGS[m].1)
+    });
+    dev.set_launch_policy(before);
+    let mut failed = 0;
+    for ((label, policy), t) in LaunchPolicy::MAPPINGS.iter().zip(&tallies) {
+        println!(
+            "PARITY {} [{label}]: {} cases, {} output bytes compared, {} mismatching cases ({})",
+            dev.name(),
+            all.len(),
+            t.bytes,
+            t.bad.len(),
+            policy.describe()
+        );
+        failed += t.bad.len();
+    }
+    assert_eq!(
+        failed, 0,
+        "device output differs from the reference in {failed} case runs"
     );
 }
 
 #[test]
 fn cuda_matches_reference() {
     #[cfg(feature = "cuda")]
-    match dsv4_kvcache::CudaBackend::new(0) {
-        Ok(mut b) => check_backend(&mut b),
-        Err(e) => {
-            skipped(&format!("cuda_matches_reference: {e}"));
-            assert!(
-                !require_gpu(),
-                "DSV4_KVCACHE_REQUIRE_GPU=1 but no CUDA device: {e}"
-            );
+    {
+        use dsv4_kvcache::backend::cuda::CudaDriver;
+        match dsv4_kvcache::CudaBackend::new(0) {
+            Ok(mut b) => check_gpu(&mut b),
+            Err(e) => gpu_required::skip_or_fail(
+                "cuda_matches_reference",
+                "cuda",
+                CudaDriver::library_present(),
+                &e,
+            ),
         }
     }
     #[cfg(not(feature = "cuda"))]
-    skipped("cuda_matches_reference: built without the `cuda` feature");
+    gpu_required::skip_or_fail(
+        "cuda_matches_reference",
+        "cuda",
+        false,
+        &"built without the `cuda` feature",
+    );
 }
 
 #[test]
 fn hip_matches_reference() {
     #[cfg(feature = "hip")]
-    match dsv4_kvcache::HipBackend::new(0) {
-        Ok(mut b) => check_backend(&mut b),
-        Err(e) => skipped(&format!("hip_matches_reference: {e}")),
-    }
-    #[cfg(not(feature = "hip"))]
-    skipped("hip_matches_reference: built without the `hip` feature");
-}
-
-/// The comparison itself can fail: a second CPU backend on one thread agrees
-/// with the reference, and a case whose cache was corrupted does not.
-#[test]
-fn harness_detects_differences() {
-    let mut one = CpuBackend::with_threads(1).expect("pool");
-    let mut cpu = CpuBackend::new();
-    let all = cases();
-    let mut changed = 0;
-    for (label, case) in all.iter().step_by(97) {
-        let a = run_case_mut(&mut cpu, case);
-        assert!(
-            a == run_case_mut(&mut one, case),
-            "{label}: thread count changed the bytes"
-        );
-        if case.kv_cache.is_some() {
-            let mut other = case.clone();
-            let b = other.kv_cache.as_mut().expect("cache");
-            let last = b.bytes.len() - 1;
-            b.bytes[last] ^= 0xff;
-            changed += (run_case_mut(&mut cpu, &other) != a) as usize;
+    {
+        use dsv4_kvcache::backend::hip::HipDriver;
+        match dsv4_kvcache::HipBackend::new(0) {
+            Ok(mut b) => check_gpu(&mut b),
+            Err(e) => gpu_required::skip_or_fail(
+                "hip_matches_reference",
+                "hip",
+                HipDriver::library_present(),
+                &e,
+            ),
         }
     }
-    assert!(
-        changed > 0,
-        "corrupting an input cache must change the outputs"
+    #[cfg(not(feature = "hip"))]
+    gpu_required::skip_or_fail(
+        "hip_matches_reference",
+        "hip",
+        false,
+        &"built without the `hip` feature",
     );
+}
+
+/// A deliberately wrong backend: the CPU reference whose reads come back
+/// with their first byte flipped.
+struct FlipsAByte(CpuBackend);
+
+impl Backend for FlipsAByte {
+    type Buffer = <CpuBackend as Backend>::Buffer;
+    fn name(&self) -> String {
+        "cpu, reads with their first byte flipped".into()
+    }
+    fn sanitize(&self) -> bool {
+        self.0.sanitize()
+    }
+    fn set_sanitize(&mut self, on: bool) {
+        self.0.set_sanitize(on)
+    }
+    fn upload(&self, bytes: &[u8]) -> Result<Self::Buffer> {
+        self.0.upload(bytes)
+    }
+    fn write(&self, buf: &mut Self::Buffer, bytes: &[u8]) -> Result<()> {
+        self.0.write(buf, bytes)
+    }
+    fn read(&self, buf: &Self::Buffer) -> Result<Vec<u8>> {
+        let mut v = self.0.read(buf)?;
+        if let Some(b) = v.first_mut() {
+            *b ^= 1;
+        }
+        Ok(v)
+    }
+    fn fused_save_compress_norm(
+        &self,
+        a: dsv4_kvcache::CompressArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        self.0.fused_save_compress_norm(a)
+    }
+    fn rope_quant_insert(&self, a: dsv4_kvcache::InsertArgs<'_, Self::Buffer>) -> Result<()> {
+        self.0.rope_quant_insert(a)
+    }
+    fn save_ring_rows(&self, a: dsv4_kvcache::RingArgs<'_, Self::Buffer>) -> Result<()> {
+        self.0.save_ring_rows(a)
+    }
+    fn fused_compress_insert(&self, a: dsv4_kvcache::FusedArgs<'_, Self::Buffer>) -> Result<()> {
+        self.0.fused_compress_insert(a)
+    }
+    fn take_skip_counts(&self) -> Result<SkipCounts> {
+        self.0.take_skip_counts()
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.0.synchronize()
+    }
+}
+
+/// Whether a case wrote (or kept) any output bytes.
+fn has_output(o: &Outputs) -> bool {
+    [&o.latent, &o.state_cache, &o.kv_cache]
+        .into_iter()
+        .flatten()
+        .any(|v| !v.is_empty())
+}
+
+/// The harness itself can fail: a second CPU backend on one thread passes
+/// it, and a backend that flips a byte of every read fails it on every case
+/// that has an output (under each mapping it is run with).
+#[test]
+fn harness_detects_differences() {
+    let all: Vec<(String, Case)> = cases().into_iter().step_by(97).collect();
+    let mut one = CpuBackend::with_threads(1).expect("pool");
+    let t = parity(&mut one, &all, &["cpu, one thread"], |_, _| {});
+    assert!(
+        t[0].bad.is_empty(),
+        "thread count changed the bytes: {:?}",
+        t[0].bad
+    );
+    assert!(t[0].bytes > 0);
+    let mut cpu = CpuBackend::new();
+    let with_output = all
+        .iter()
+        .filter(|(_, c)| has_output(&run_case_mut(&mut cpu, c)))
+        .count();
+    assert!(with_output > 0);
+    let mut wrong = FlipsAByte(CpuBackend::new());
+    let t = parity(&mut wrong, &all, &["a", "b"], |_, _| {});
+    for tally in &t {
+        assert_eq!(
+            tally.bad.len(),
+            with_output,
+            "the harness must report every case the stand-in corrupted"
+        );
+    }
 }

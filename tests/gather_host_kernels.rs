@@ -17,8 +17,8 @@ use dsv4_kvcache::gather::{
 };
 use dsv4_kvcache::kernel_abi::{GatherParams, Kernel};
 use dsv4_kvcache::ops::SkipCounts;
-use dsv4_kvcache::TensorMut;
 use dsv4_kvcache::{CpuBackend, DType, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc};
+use dsv4_kvcache::{LaunchPolicy, TensorMut};
 use gather_cases::{every_code_case, every_code_scales, random_case, Case, Form};
 use std::io::Write;
 use std::path::PathBuf;
@@ -132,7 +132,7 @@ fn run_host(exe: &PathBuf, case: &Case, two_rows: Option<bool>) -> (Vec<u8>, Ski
         })
         .expect("the case is valid")
     };
-    let Some(launch) = gather_launch(plan.n, two_rows) else {
+    let Some(launch) = gather_launch(&LaunchPolicy::default(), plan.n, two_rows) else {
         return (out, SkipCounts::default());
     };
     let bufs: [&[u8]; 7] = [&case.cache, &slots, &table, &cu, &starts, &fp8, &out];

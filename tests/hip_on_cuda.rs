@@ -17,7 +17,7 @@ mod common;
 use common::{random_case, run_case, Kind, Op};
 use dsv4_kvcache::backend::hip::HipBackend;
 use dsv4_kvcache::detect::SanitizePolicy;
-use dsv4_kvcache::kernel_abi::KERNEL_NAMES;
+use dsv4_kvcache::kernel_abi::Kernel;
 use dsv4_kvcache::{Backend, CpuBackend, Error, RecordLayout};
 use std::ffi::{c_char, c_int, CString};
 use std::io::Write as _;
@@ -130,7 +130,7 @@ fn nan_insert_case(sanitize: bool) -> common::Case {
     };
     let cpu_off = CpuBackend::new();
     for seed in 0..64 {
-        let mut k = Kind::new(Op::Insert, 1, RecordLayout::Mxfp8);
+        let mut k = Kind::new(Op::RopeQuantInsert, 1, RecordLayout::Mxfp8);
         k.special_values = true;
         k.sanitize = true;
         let on = random_case(seed, k);
@@ -265,7 +265,7 @@ fn devices_faults_and_leaks() {
     let dev_buf = b.upload(&[0u8; 64]).unwrap();
     // Empty captures: the fault is in ending the capture, whatever it holds
     // (tests/hip_backend.rs replays real launches).
-    let r = b.capture(|_| Ok(()));
+    let r = b.capture(1, || Ok(()));
     expect_driver(
         r.map(|_| ()),
         "hipStreamEndCapture",
@@ -275,9 +275,10 @@ fn devices_faults_and_leaks() {
     // The stream left capture mode: eager work and a new capture work.
     assert_eq!(b.read(&dev_buf).unwrap(), vec![0u8; 64]);
     let g = b
-        .capture(|_| Ok(()))
+        .capture(1, || Ok(()))
         .expect("capture after the capture fault");
-    g.launch().expect("replay");
+    // SAFETY: the graph holds no work, so no buffer.
+    unsafe { g.launch() }.expect("replay");
     b.synchronize().unwrap();
     drop(g);
     drop(dev_buf);
@@ -306,7 +307,11 @@ fn devices_faults_and_leaks() {
     shim.set("fault=missing-kernel@3");
     expect_unavailable(
         open(SanitizePolicy::Auto),
-        &["hipModuleGetFunction", KERNEL_NAMES[2], "hipErrorNotFound"],
+        &[
+            "hipModuleGetFunction",
+            Kernel::ALL[2].name(),
+            "hipErrorNotFound",
+        ],
         "missing kernel fault",
     );
     shim.set("fault=arch");

@@ -13,6 +13,9 @@ use std::path::Path;
 /// them with `#if defined(...)`).
 const OPTIONAL: &[&str] = &["KV_HW_E4M3X2", "kv_hw_e4m3x2"];
 
+/// Macros build.rs defines on the compilers' command lines.
+const BUILD_DEFINED: &[&str] = &["KV_ABI_LAYOUT_CHECK"];
+
 fn read(rel: &str) -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -153,6 +156,7 @@ fn kernels_use_only_names_they_or_both_preludes_define() {
     let cuda = defined_names(&read("kernels-cuda/prelude.cuh"));
     let kernel_files = [
         "kernels-hip/kvcache.hip",
+        "kernels-hip/kv_abi.h",
         "kernels-hip/kv_formats.h",
         "kernels-hip/kv_math.h",
         "kernels-hip/kv_gather.h",
@@ -162,9 +166,7 @@ fn kernels_use_only_names_they_or_both_preludes_define() {
     // The CUDA entry file defines KV_PRELUDE_INCLUDED, which makes the
     // shared source skip the HIP prelude.
     known.extend(defined_names(&read("kernels-cuda/kvcache.cu")));
-    // The parameter blocks, flags and kernel list (build.rs reads the file;
-    // its comments name flag families such as KV_F_*).
-    known.extend(defined_names(&read("kernels-hip/kv_abi.h")));
+    known.extend(BUILD_DEFINED.iter().map(|s| s.to_string()));
     for n in &cuda {
         let in_hip = [&hipcc, &freestanding, &common]
             .iter()

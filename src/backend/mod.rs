@@ -1,4 +1,5 @@
-//! The backend trait and its implementations: the CPU reference, CUDA and HIP.
+//! The backend trait and its implementations: the CPU reference, and one
+//! GPU backend ([`gpu::GpuBackend`]) over two drivers, CUDA and HIP.
 //!
 //! A backend owns its buffers (`Backend::Buffer`) and runs validated plans
 //! on them. Validation ([`crate::ops`]) is shared, so every backend rejects
@@ -7,11 +8,12 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod gpu;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod raw;
 
-pub use raw::RawDevice;
+pub use raw::{RawDevice, RawStream};
 
 use crate::error::Result;
 use crate::ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};

@@ -1,12 +1,8 @@
-//! Caller-owned device memory for the backends' `unsafe` `*_raw` entry
-//! points, and the checks both GPU backends make on it before a launch.
+//! Caller-owned device memory and streams for the GPU backends' `unsafe`
+//! `*_raw` entry points (the checks made on them are in
+//! `gpu::bind`).
 
-// The checks serve the GPU backends; a CPU-only build keeps the type.
-#![cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
-
-use crate::error::{Error, Result};
-use crate::ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs};
-use crate::tensor::{Storage, Tensor, TensorDesc};
+use crate::tensor::Storage;
 
 /// Device memory the caller owns (a framework's tensor), for the `*_raw`
 /// entry points of the CUDA and HIP backends.
@@ -50,135 +46,24 @@ impl Storage for RawDevice {
     }
 }
 
-/// The absolute address of a raw view: not null, aligned to `align`.
-fn aligned(arg: &'static str, buf: &RawDevice, desc: &TensorDesc, align: u64) -> Result<()> {
-    if buf.ptr == 0 {
-        return Err(Error::Value {
-            arg,
-            problem: "null device pointer".into(),
-        });
+/// A native stream handle (`CUstream`, `hipStream_t`) as an integer, for
+/// the `*_raw` entry points; `RawStream::DEFAULT` (0) is the runtime's
+/// default (null) stream. Frameworks pass theirs as they hold it (PyTorch's
+/// `torch.cuda.current_stream().cuda_stream`, on CUDA and ROCm alike).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RawStream(pub usize);
+
+impl RawStream {
+    /// The default (null) stream.
+    pub const DEFAULT: RawStream = RawStream(0);
+
+    /// The handle as the runtimes declare it.
+    pub fn as_ptr(self) -> *mut std::ffi::c_void {
+        self.0 as *mut std::ffi::c_void
     }
-    let addr = buf.ptr.wrapping_add(desc.offset as u64);
-    if addr % align != 0 {
-        return Err(Error::Shape {
-            arg,
-            problem: format!("device address {addr:#x} (pointer + view offset) must be a multiple of {align} bytes"),
-        });
-    }
-    Ok(())
-}
 
-fn index(arg: &'static str, t: &Tensor<'_, RawDevice>) -> Result<()> {
-    aligned(arg, t.buf, &t.desc, t.desc.dtype.size() as u64)
-}
-
-fn rows(arg: &'static str, buf: &RawDevice, desc: &TensorDesc) -> Result<()> {
-    aligned(arg, buf, desc, 16)
-}
-
-/// The tensors a compress launch reads or writes (CR1 ignores the CR2-only
-/// arguments, so they are not checked there).
-pub(crate) fn check_compress(a: &CompressArgs<'_, RawDevice>) -> Result<()> {
-    rows("kv_score", a.kv_score.buf, &a.kv_score.desc)?;
-    index("positions", &a.positions)?;
-    index("slot_mapping", &a.slot_mapping)?;
-    rows(
-        "rms_norm_weight",
-        a.rms_norm_weight.buf,
-        &a.rms_norm_weight.desc,
-    )?;
-    rows("latent_out", a.latent_out.buf, &a.latent_out.desc)?;
-    if a.compress_ratio != 2 {
-        return Ok(());
-    }
-    if let Some(s) = &a.state_cache {
-        rows("state_cache", s.buf, &s.desc)?;
-    }
-    if let Some(t) = &a.query_start_loc {
-        index("query_start_loc", t)?;
-    }
-    if let Some(t) = &a.token_to_req_indices {
-        index("token_to_req_indices", t)?;
-    }
-    if let (Some(p), Some(i)) = (&a.prev_rows, &a.prev_row_indices) {
-        rows("prev_rows", p.buf, &p.desc)?;
-        index("prev_row_indices", i)?;
-    }
-    Ok(())
-}
-
-fn check_cache_side(
-    cos_sin: &Tensor<'_, RawDevice>,
-    cache: (&RawDevice, &TensorDesc),
-    fp8_scale: &Option<Tensor<'_, RawDevice>>,
-) -> Result<()> {
-    index("cos_sin_cache", cos_sin)?;
-    rows("kv_cache", cache.0, cache.1)?;
-    if let Some(t) = fp8_scale {
-        aligned("fp8_scale", t.buf, &t.desc, 4)?;
-    }
-    Ok(())
-}
-
-/// The tensors an insert launch reads or writes.
-pub(crate) fn check_insert(a: &InsertArgs<'_, RawDevice>) -> Result<()> {
-    rows("latent", a.latent.buf, &a.latent.desc)?;
-    index("positions", &a.positions)?;
-    index("slot_mapping", &a.slot_mapping)?;
-    check_cache_side(
-        &a.cos_sin_cache,
-        (a.kv_cache.buf, &a.kv_cache.desc),
-        &a.fp8_scale,
-    )
-}
-
-/// The tensors a `save_ring_rows` launch reads or writes.
-pub(crate) fn check_ring(a: &RingArgs<'_, RawDevice>) -> Result<()> {
-    rows("rows", a.rows.buf, &a.rows.desc)?;
-    index("slot_mapping", &a.slot_mapping)?;
-    rows("state_cache", a.state_cache.buf, &a.state_cache.desc)
-}
-
-/// The tensors a fused launch reads or writes.
-pub(crate) fn check_fused(a: &FusedArgs<'_, RawDevice>) -> Result<()> {
-    check_compress(&a.compress)?;
-    index("cache_slot_mapping", &a.cache_slot_mapping)?;
-    check_cache_side(
-        &a.cos_sin_cache,
-        (a.kv_cache.buf, &a.kv_cache.desc),
-        &a.fp8_scale,
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tensor::DType;
-
-    #[test]
-    fn null_and_misaligned_addresses_are_errors() {
-        let d = TensorDesc::contiguous(DType::F32, &[2, 1024]);
-        assert!(matches!(
-            rows("kv_score", &RawDevice::new(0, 1 << 20), &d),
-            Err(Error::Value {
-                arg: "kv_score",
-                ..
-            })
-        ));
-        assert!(matches!(
-            rows("kv_score", &RawDevice::new(0x1008, 1 << 20), &d),
-            Err(Error::Shape {
-                arg: "kv_score",
-                ..
-            })
-        ));
-        assert!(rows(
-            "kv_score",
-            &RawDevice::new(0x1008, 1 << 20),
-            &d.with_offset(8)
-        )
-        .is_ok());
-        let i = TensorDesc::contiguous(DType::I64, &[4]);
-        assert!(aligned("slot_mapping", &RawDevice::new(0x1004, 64), &i, 8).is_err());
+    /// A stream from its native handle.
+    pub fn from_ptr(p: *mut std::ffi::c_void) -> Self {
+        RawStream(p as usize)
     }
 }

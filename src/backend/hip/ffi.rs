@@ -41,7 +41,9 @@ macro_rules! hip_api {
         optional { $($of:ident = $os:literal: fn($($oa:ty),*) -> $or:ty;)* }
     ) => {
         /// The resolved entry points. The function pointers stay valid while
-        /// `_lib` is loaded, i.e. as long as this value lives.
+        /// `_lib` is loaded, i.e. as long as this value lives. Some are
+        /// resolved for completeness of the table only.
+        #[allow(dead_code)]
         pub(crate) struct Api {
             /// Where the library was loaded from.
             pub path: String,

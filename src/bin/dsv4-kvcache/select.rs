@@ -6,6 +6,8 @@
 //! [`Backend`] and [`Timing`].
 
 use crate::timing::{Timing, WallClock};
+#[cfg(any(feature = "cuda", feature = "hip"))]
+use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
 use dsv4_kvcache::detect::SanitizePolicy;
 use dsv4_kvcache::{Backend, CpuBackend, Error, Result};
 
@@ -24,17 +26,51 @@ pub(crate) enum Choice {
     Hip,
 }
 
+/// GPU time from graph replay (CUDA and HIP alike: one GPU backend type).
+#[cfg(any(feature = "cuda", feature = "hip"))]
+struct GraphTiming;
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+impl<D: Driver> Timing<GpuBackend<D>> for GraphTiming {
+    fn method(&self) -> &'static str {
+        if D::BACKEND == "cuda" {
+            "CUDA graph replay, GPU time from events (median of replays)"
+        } else {
+            "HIP graph replay, GPU time from events (median of replays)"
+        }
+    }
+    fn is_reference(&self) -> bool {
+        false
+    }
+    fn per_launch_us(
+        &self,
+        b: &GpuBackend<D>,
+        launches: usize,
+        replays: usize,
+        f: &mut dyn FnMut(&GpuBackend<D>) -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        b.time_graph(launches, replays, || f(b))
+    }
+    fn copy_rate(&self, b: &GpuBackend<D>, bytes: usize, replays: usize) -> Result<f64> {
+        b.time_copy(bytes, replays)
+    }
+    fn host_launch_us(
+        &self,
+        b: &GpuBackend<D>,
+        calls: usize,
+        f: &mut dyn FnMut(&GpuBackend<D>) -> Result<()>,
+    ) -> Result<f64> {
+        b.host_launch_cost(calls, || f(b))
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda_wiring {
-    use crate::timing::Timing;
-    use dsv4_kvcache::detect::{self, SanitizePolicy};
     use dsv4_kvcache::{Backend, CudaBackend, Result};
 
-    /// CUDA device 0, sanitizing as the policy of the environment says.
+    /// CUDA device 0 (the backend applies the environment's policies).
     pub fn open() -> Result<CudaBackend> {
-        let mut b = CudaBackend::new(0)?;
-        b.set_sanitize(detect::sanitize_for_cuda(SanitizePolicy::from_env()?));
-        Ok(b)
+        CudaBackend::new(0)
     }
 
     /// One line per device, or why there is none.
@@ -50,46 +86,13 @@ mod cuda_wiring {
             })
             .collect())
     }
-
-    /// GPU time from CUDA-graph replay, as the anchors were measured.
-    pub struct GraphTiming;
-
-    impl Timing<CudaBackend> for GraphTiming {
-        fn method(&self) -> &'static str {
-            "CUDA graph replay, GPU time from events (median of replays)"
-        }
-        fn is_reference(&self) -> bool {
-            false
-        }
-        fn per_launch_us(
-            &self,
-            b: &CudaBackend,
-            launches: usize,
-            replays: usize,
-            f: &mut dyn FnMut(&CudaBackend) -> Result<()>,
-        ) -> Result<Vec<f32>> {
-            b.time_graph(launches, replays, || f(b))
-        }
-        fn copy_rate(&self, b: &CudaBackend, bytes: usize, replays: usize) -> Result<f64> {
-            b.time_copy(bytes, replays)
-        }
-        fn host_launch_us(
-            &self,
-            b: &CudaBackend,
-            calls: usize,
-            f: &mut dyn FnMut(&CudaBackend) -> Result<()>,
-        ) -> Result<f64> {
-            b.host_launch_cost(calls, || f(b))
-        }
-    }
 }
 
 #[cfg(feature = "hip")]
 mod hip_wiring {
-    use crate::timing::Timing;
-    use dsv4_kvcache::{Backend, HipBackend, Result};
+    use dsv4_kvcache::{HipBackend, Result};
 
-    /// HIP device 0 (the backend applies the environment's sanitize policy).
+    /// HIP device 0 (the backend applies the environment's policies).
     pub fn open() -> Result<HipBackend> {
         HipBackend::new(0)
     }
@@ -99,51 +102,6 @@ mod hip_wiring {
         dsv4_kvcache::backend::hip::probe()
             .map(|s| s.lines().map(str::to_string).collect())
             .map_err(|e| crate::select::reason(&e))
-    }
-
-    /// GPU time from HIP-graph replay.
-    pub struct GraphTiming;
-
-    impl Timing<HipBackend> for GraphTiming {
-        fn method(&self) -> &'static str {
-            "HIP graph replay, GPU time from events (median of replays)"
-        }
-        fn is_reference(&self) -> bool {
-            false
-        }
-        fn per_launch_us(
-            &self,
-            b: &HipBackend,
-            launches: usize,
-            replays: usize,
-            f: &mut dyn FnMut(&HipBackend) -> Result<()>,
-        ) -> Result<Vec<f32>> {
-            let graph = b.capture(|b| {
-                for _ in 0..launches {
-                    f(b)?;
-                }
-                Ok(())
-            })?;
-            graph.launch()?;
-            b.synchronize()?;
-            let mut out = Vec::with_capacity(replays);
-            for _ in 0..replays {
-                let ms = b.time_ms(|_| graph.launch())?;
-                out.push(ms * 1000.0 / launches as f32);
-            }
-            Ok(out)
-        }
-        fn copy_rate(&self, b: &HipBackend, bytes: usize, replays: usize) -> Result<f64> {
-            b.time_copy(bytes, replays)
-        }
-        fn host_launch_us(
-            &self,
-            b: &HipBackend,
-            calls: usize,
-            f: &mut dyn FnMut(&HipBackend) -> Result<()>,
-        ) -> Result<f64> {
-            crate::timing::host_launch_wall_us(b, calls, f)
-        }
     }
 }
 
@@ -193,7 +151,7 @@ fn unavailable(backend: &'static str, reason: &str) -> Error {
 #[cfg(feature = "cuda")]
 fn try_cuda<J: Job>(job: J, notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
     match cuda_wiring::open() {
-        Ok(mut b) => Ok(job.run(&mut b, &cuda_wiring::GraphTiming, notes)),
+        Ok(mut b) => Ok(job.run(&mut b, &GraphTiming, notes)),
         Err(e) => Err((job, e)),
     }
 }
@@ -209,7 +167,7 @@ fn try_cuda<J: Job>(job: J, _notes: &[String]) -> std::result::Result<Result<J::
 #[cfg(feature = "hip")]
 fn try_hip<J: Job>(job: J, notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
     match hip_wiring::open() {
-        Ok(mut b) => Ok(job.run(&mut b, &hip_wiring::GraphTiming, notes)),
+        Ok(mut b) => Ok(job.run(&mut b, &GraphTiming, notes)),
         Err(e) => Err((job, e)),
     }
 }

@@ -138,7 +138,7 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
     });
     // Decode with one speculative (MTP) token: the second token of each
     // request closes the group (pooled by its request item in the
-    // multi-token kernels, kernel_abi::Cr2Shape::multi_token).
+    // multi-token kernels, launch::Cr2Shape::multi_token).
     v.push(BenchCase {
         name: "compress CR2, T/2 two-token requests".into(),
         layout: None,

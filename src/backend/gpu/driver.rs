@@ -1,0 +1,150 @@
+//! The driver layer under [`super::GpuBackend`]: the few things a GPU
+//! runtime must do for the backend (memory, copies, the loaded kernels,
+//! launches, streams, events, graphs, device facts), implemented once per
+//! vendor (`CudaDriver` on cudarc, `HipDriver` on the runtime-loaded HIP
+//! bindings) and by test stand-ins.
+//!
+//! A driver is an opened device: its context (or current device), the
+//! embedded kernels loaded as one module, and one stream of its own, which
+//! every safe launch, copy, capture and event of the backend uses. Calls
+//! that take a [`RawStream`] also run on a caller's stream (the `*_raw`
+//! entry points). Every method that can fail returns the crate's
+//! [`Error`](crate::Error), naming the runtime call.
+
+use super::super::raw::RawStream;
+use crate::detect::SanitizePolicy;
+use crate::error::Result;
+use crate::kernel_abi::Kernel;
+use std::ffi::c_void;
+
+/// What a device says about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceFacts {
+    /// The device ordinal in its runtime.
+    pub ordinal: usize,
+    /// The marketing name (`NVIDIA H200`, `AMD Instinct MI300X`).
+    pub name: String,
+    /// The architecture as the device reports it (`sm_90`,
+    /// `gfx950:sramecc+:xnack-`).
+    pub arch: String,
+    /// Threads of a warp (32) or wavefront (64).
+    pub warp_size: u32,
+    /// Device memory in bytes, where the runtime says.
+    pub total_memory: Option<usize>,
+}
+
+/// A GPU runtime opened on one device, with the kernels loaded.
+///
+/// # Safety
+/// Implementations promise that a [`Driver::launch`] with a function of
+/// this driver, a parameter block matching that kernel and valid device
+/// addresses in it runs the kernel, and that the device addresses handed
+/// out by [`Driver::alloc`] stay valid while the returned memory lives.
+pub unsafe trait Driver: Send + Sync + Sized + 'static {
+    /// The backend's short name in errors and names (`cuda`, `hip`).
+    const BACKEND: &'static str;
+    /// A loaded kernel.
+    type Function: Copy + Send + Sync;
+    /// A device allocation, freed when dropped.
+    type Memory: Send + Sync;
+    /// A timing event.
+    type Event;
+    /// An instantiated graph of captured work, destroyed when dropped.
+    type Graph;
+
+    /// The device's facts.
+    fn facts(&self) -> &DeviceFacts;
+
+    /// Whether NaN sanitizing is on under `policy` on this device.
+    fn sanitize_for(&self, policy: SanitizePolicy) -> bool;
+
+    /// The driver's own stream.
+    fn stream(&self) -> RawStream;
+
+    /// The loaded `kernel` (looked up once per backend, when it is made).
+    fn function(&self, kernel: Kernel) -> Result<Self::Function>;
+
+    /// `len` bytes (at least one is allocated) and their device address.
+    fn alloc(&self, len: usize) -> Result<(Self::Memory, u64)>;
+
+    /// Sets `len` bytes at `dst` to `value` on `stream` (no wait).
+    ///
+    /// # Safety
+    /// `dst` holds `len` bytes of this device until the work has run.
+    unsafe fn memset(&self, dst: u64, value: u8, len: usize, stream: RawStream) -> Result<()>;
+
+    /// Copies `src` to `dst` on `stream`; `src` may be reused when this
+    /// returns only after the stream has been synchronized.
+    ///
+    /// # Safety
+    /// `dst` holds `src.len()` bytes of this device.
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8], stream: RawStream) -> Result<()>;
+
+    /// Copies device bytes at `src` into `dst` on `stream`; `dst` holds them
+    /// once the stream has been synchronized.
+    ///
+    /// # Safety
+    /// `src` holds `dst.len()` bytes of this device, and `dst` is not read
+    /// before the stream has been synchronized.
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: RawStream) -> Result<()>;
+
+    /// Copies `len` bytes from `src` to `dst` on the device, on `stream`.
+    ///
+    /// # Safety
+    /// Both hold `len` bytes of this device until the copy has run.
+    unsafe fn copy_on_device(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+
+    /// Waits for the work on `stream`.
+    fn synchronize(&self, stream: RawStream) -> Result<()>;
+
+    /// Launches `function` on a grid of `grid` blocks of `block` threads
+    /// with `shared_bytes` of dynamic shared memory, `params` pointing at
+    /// its one by-value argument, on `stream`. Must not allocate, copy or
+    /// wait, so that it can be captured.
+    ///
+    /// # Safety
+    /// `params` points at the parameter block `function` expects, whose
+    /// device addresses are valid for the kernel's accesses until it has
+    /// run; `stream` is a stream of this device (or the default stream).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch(
+        &self,
+        function: Self::Function,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        stream: RawStream,
+        params: *mut c_void,
+    ) -> Result<()>;
+
+    /// Starts capturing the driver's stream into a graph (thread-local
+    /// mode: only this thread's forbidden calls end it).
+    fn begin_capture(&self) -> Result<()>;
+
+    /// Ends the capture begun by [`Driver::begin_capture`]: the captured work
+    /// instantiated (and uploaded where the runtime can), or `None` when
+    /// nothing was captured.
+    fn end_capture(&self) -> Result<Option<Self::Graph>>;
+
+    /// Replays `graph` on the driver's stream (no wait).
+    ///
+    /// # Safety
+    /// Every device address the captured work used is still allocated.
+    unsafe fn launch_graph(&self, graph: &Self::Graph) -> Result<()>;
+
+    /// A timing event.
+    fn create_event(&self) -> Result<Self::Event>;
+
+    /// Records `event` on the driver's stream.
+    fn record_event(&self, event: &Self::Event) -> Result<()>;
+
+    /// Milliseconds between two recorded events (the later one waited for
+    /// by the caller).
+    fn elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> Result<f32>;
+}

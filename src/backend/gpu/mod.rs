@@ -1,0 +1,793 @@
+//! The GPU backend, written once over a [`Driver`]: pointer binding from the
+//! validated plans, launch choice ([`LaunchPolicy`]), the safe
+//! [`Backend`] implementation and the `unsafe` `*_raw` entry points, graph
+//! capture and replay, timing, the skip counters, the sanitize policy and
+//! buffer ownership. `CudaBackend` and `HipBackend` are this type over their
+//! vendor's driver.
+//!
+//! # Launches
+//!
+//! Every launch validates its arguments with the shared `plan_*` functions
+//! (so a bad argument gives the same error as on the CPU), lists the
+//! operation's tensors once ([`bind`]), checks them (safe API: the buffers
+//! belong to this backend; raw API: addresses non-null and aligned), builds
+//! the `#[repr(C)]` parameter block of [`crate::kernel_abi`] and passes it
+//! by value as the kernel's one argument, in the shape the backend's
+//! [`LaunchPolicy`] picks, with the dynamic shared memory the CR2 team
+//! kernels need. A launch allocates nothing, copies nothing between host and
+//! device and never waits, so launches can be captured into a graph
+//! ([`GpuBackend::capture`], [`GpuBackend::time_graph`]). A launch with no
+//! token launches nothing.
+//!
+//! # Buffers
+//!
+//! A [`DeviceBuffer`] belongs to the backend that made it (and is ordered on
+//! its stream); passing it to another backend is an [`Error::Value`] naming
+//! the argument. Frameworks that own their memory use the `*_raw` entry
+//! points over [`RawDevice`] pointers on their own [`RawStream`].
+
+pub(crate) mod bind;
+pub mod driver;
+
+pub use driver::{DeviceFacts, Driver};
+
+use self::bind::{Bound, DevAddr};
+use super::raw::{RawDevice, RawStream};
+use super::Backend;
+use crate::detect::SanitizePolicy;
+use crate::error::{Error, Result};
+use crate::kernel_abi::{self, Kernel, KernelParams, NUM_COUNTERS};
+use crate::launch::{Launch, LaunchPolicy};
+use crate::ops::{
+    plan_compress, plan_fused, plan_insert, plan_ring_rows, CompressArgs, CompressPlan, FusedArgs,
+    FusedPlan, InsertArgs, InsertPlan, RingArgs, RingRowsPlan, SkipCounts,
+};
+use crate::tensor::Storage;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Device memory owned by a [`GpuBackend`], freed on drop.
+pub struct DeviceBuffer<D: Driver> {
+    _mem: D::Memory,
+    ptr: u64,
+    len: usize,
+    /// [`GpuBackend`]'s id of the backend that made it.
+    owner: u64,
+}
+
+impl<D: Driver> DeviceBuffer<D> {
+    /// The device address of the first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The same memory as a [`RawDevice`] (it must not outlive this buffer).
+    pub fn as_raw(&self) -> RawDevice {
+        RawDevice::new(self.ptr, self.len)
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for DeviceBuffer<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceBuffer {{ backend: {}, ptr: {:#x}, len: {} }}",
+            D::BACKEND,
+            self.ptr,
+            self.len
+        )
+    }
+}
+
+impl<D: Driver> Storage for DeviceBuffer<D> {
+    fn len_bytes(&self) -> usize {
+        self.len
+    }
+}
+
+impl<D: Driver> DevAddr for DeviceBuffer<D> {
+    fn addr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+/// Distinguishes backends, for buffer ownership.
+static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A GPU backend on one device of driver `D`.
+pub struct GpuBackend<D: Driver> {
+    /// `Kernel::ALL[i]`'s function.
+    functions: Vec<D::Function>,
+    /// The [`NUM_COUNTERS`] `u32` skip counters (slot, position, index).
+    _counters: D::Memory,
+    counters_ptr: u64,
+    id: u64,
+    sanitize_policy: SanitizePolicy,
+    sanitize: bool,
+    policy: LaunchPolicy,
+    drv: D,
+}
+
+impl<D: Driver> std::fmt::Debug for GpuBackend<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuBackend")
+            .field("device", self.drv.facts())
+            .field("sanitize", &self.sanitize)
+            .field("launch_policy", &self.policy)
+            .finish()
+    }
+}
+
+impl<D: Driver> GpuBackend<D> {
+    /// The backend over an opened driver, with the sanitize and launch
+    /// policies of the environment (`DSV4_KVCACHE_SANITIZE`, see
+    /// [`crate::detect`]; [`LaunchPolicy::from_env`]): the one place either
+    /// GPU backend reads them. A bad value is an [`Error::Value`] naming
+    /// the variable.
+    pub fn from_driver(drv: D) -> Result<Self> {
+        Self::with_policies(drv, SanitizePolicy::from_env()?, LaunchPolicy::from_env()?)
+    }
+
+    /// The backend over an opened driver with the policies given (the
+    /// environment is not read): every kernel looked up, the skip counters
+    /// allocated and zeroed.
+    pub fn with_policies(drv: D, sanitize: SanitizePolicy, launch: LaunchPolicy) -> Result<Self> {
+        let functions = Kernel::ALL
+            .iter()
+            .map(|&k| drv.function(k))
+            .collect::<Result<Vec<_>>>()?;
+        // A device that cannot hold the counters is not usable: report it as
+        // unavailable, like every other setup failure.
+        let setup = |e: Error| match e {
+            Error::Driver {
+                backend,
+                call,
+                message,
+            } => Error::Unavailable {
+                backend,
+                reason: format!("{call} failed for the skip counters: {message}"),
+            },
+            other => other,
+        };
+        let (counters, counters_ptr) = drv.alloc(4 * NUM_COUNTERS).map_err(setup)?;
+        // SAFETY: the allocation holds 4 * NUM_COUNTERS bytes.
+        unsafe { drv.memset(counters_ptr, 0, 4 * NUM_COUNTERS, drv.stream()) }.map_err(setup)?;
+        drv.synchronize(drv.stream()).map_err(setup)?;
+        Ok(GpuBackend {
+            functions,
+            _counters: counters,
+            counters_ptr,
+            id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
+            sanitize_policy: sanitize,
+            sanitize: drv.sanitize_for(sanitize),
+            policy: launch,
+            drv,
+        })
+    }
+
+    /// The driver (device, module and stream).
+    pub fn driver(&self) -> &D {
+        &self.drv
+    }
+
+    /// What the device says about itself.
+    pub fn facts(&self) -> &DeviceFacts {
+        self.drv.facts()
+    }
+
+    /// The device's name, e.g. `NVIDIA H200`.
+    pub fn device_name(&self) -> &str {
+        &self.drv.facts().name
+    }
+
+    /// The device ordinal in its runtime.
+    pub fn ordinal(&self) -> usize {
+        self.drv.facts().ordinal
+    }
+
+    /// The backend's stream: every safe launch, copy, graph replay and
+    /// timing event runs on it.
+    pub fn stream(&self) -> RawStream {
+        self.drv.stream()
+    }
+
+    /// Device address of the backend's 3 `u32` skip counters (slot,
+    /// position, index).
+    pub fn counters_ptr(&self) -> u64 {
+        self.counters_ptr
+    }
+
+    /// The sanitize policy the backend was opened with (what
+    /// [`Backend::sanitize`] started as on this device).
+    pub fn sanitize_policy(&self) -> SanitizePolicy {
+        self.sanitize_policy
+    }
+
+    /// The launch policy later launches use.
+    pub fn launch_policy(&self) -> LaunchPolicy {
+        self.policy
+    }
+
+    /// Sets the launch policy for later launches (captured graphs keep the
+    /// kernels they captured).
+    pub fn set_launch_policy(&mut self, policy: LaunchPolicy) {
+        self.policy = policy;
+    }
+
+    /// A zeroed buffer of `len` bytes (waits for the memset).
+    pub fn alloc_zeroed(&self, len: usize) -> Result<DeviceBuffer<D>> {
+        let b = self.alloc(len)?;
+        // SAFETY: `b` holds at least `len` bytes.
+        unsafe { self.drv.memset(b.ptr, 0, len, self.stream())? };
+        self.drv.synchronize(self.stream())?;
+        Ok(b)
+    }
+
+    /// Copies `len` bytes from `src` to `dst` on the backend's stream
+    /// (device to device; no wait). Capturable.
+    pub fn copy(&self, src: &DeviceBuffer<D>, dst: &mut DeviceBuffer<D>, len: usize) -> Result<()> {
+        self.own("src", src)?;
+        self.own("dst", dst)?;
+        for (arg, b) in [("src", src.len), ("dst", dst.len)] {
+            if len > b {
+                return Err(Error::OutOfBounds {
+                    arg,
+                    needed: len as u64,
+                    available: b as u64,
+                });
+            }
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: both buffers hold `len` bytes and are this device's.
+        unsafe {
+            self.drv
+                .copy_on_device(dst.ptr, src.ptr, len, self.stream())
+        }
+    }
+
+    fn alloc(&self, len: usize) -> Result<DeviceBuffer<D>> {
+        let (mem, ptr) = self.drv.alloc(len)?;
+        Ok(DeviceBuffer {
+            _mem: mem,
+            ptr,
+            len,
+            owner: self.id,
+        })
+    }
+
+    /// Checks that `b` was made by this backend (so it is ordered on its
+    /// stream and lives on its device).
+    fn own(&self, arg: &'static str, b: &DeviceBuffer<D>) -> Result<()> {
+        if b.owner == self.id {
+            Ok(())
+        } else {
+            Err(Error::Value {
+                arg,
+                problem: format!(
+                    "buffer was made by another {} backend; use buffers with the backend that created them",
+                    D::BACKEND
+                ),
+            })
+        }
+    }
+
+    fn own_all(&self, table: &[Bound<'_, DeviceBuffer<D>>]) -> Result<()> {
+        for b in table {
+            if let Some(buf) = b.buf {
+                self.own(b.arg, buf)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn function(&self, kernel: Kernel) -> D::Function {
+        // Every kernel was looked up when the backend was made.
+        self.functions[kernel.index()]
+    }
+
+    /// Launches `l` (kernel and shape) with `params` by value on `stream`.
+    ///
+    /// # Safety
+    /// `params` is the parameter block `l.kernel` expects, and every address
+    /// in it is valid device memory of this device for the extents the plan
+    /// it came from describes, until the kernel has run.
+    unsafe fn launch<P: KernelParams>(
+        &self,
+        l: Launch,
+        params: &P,
+        stream: RawStream,
+    ) -> Result<()> {
+        let f = self.function(l.kernel);
+        let g = l.geometry;
+        let mut block = params.with_geometry(&g);
+        self.drv.launch(
+            f,
+            g.grid,
+            g.block_threads,
+            g.shared_bytes,
+            stream,
+            &mut block as *mut P as *mut c_void,
+        )
+    }
+
+    /// # Safety
+    /// The table's buffers are this device's memory, valid for the plan's
+    /// extents until the kernel has run.
+    unsafe fn compress_on<S: DevAddr>(
+        &self,
+        p: &CompressPlan,
+        t: &[Bound<'_, S>; 10],
+        counters: u64,
+        stream: RawStream,
+    ) -> Result<()> {
+        if p.n == 0 {
+            return Ok(());
+        }
+        let params = kernel_abi::compress_params(p, &bind::compress_ptrs(t, counters));
+        self.launch(self.policy.compress_launch(p), &params, stream)
+    }
+
+    /// # Safety
+    /// As for [`GpuBackend::compress_on`].
+    unsafe fn insert_on<S: DevAddr>(
+        &self,
+        p: &InsertPlan,
+        t: &[Bound<'_, S>; 6],
+        counters: u64,
+        stream: RawStream,
+    ) -> Result<()> {
+        if p.n == 0 {
+            return Ok(());
+        }
+        let params = kernel_abi::insert_params(p, &bind::insert_ptrs(t, counters), self.sanitize);
+        self.launch(self.policy.insert_launch(p), &params, stream)
+    }
+
+    /// # Safety
+    /// As for [`GpuBackend::compress_on`].
+    unsafe fn ring_on<S: DevAddr>(
+        &self,
+        p: &RingRowsPlan,
+        t: &[Bound<'_, S>; 3],
+        counters: u64,
+        stream: RawStream,
+    ) -> Result<()> {
+        if p.n == 0 {
+            return Ok(());
+        }
+        let params =
+            kernel_abi::ring_rows_params(p, t[0].base(), t[1].base(), t[2].base(), counters);
+        self.launch(self.policy.ring_rows_launch(p), &params, stream)
+    }
+
+    /// # Safety
+    /// As for [`GpuBackend::compress_on`].
+    unsafe fn fused_on<S: DevAddr>(
+        &self,
+        p: &FusedPlan,
+        t: &[Bound<'_, S>; 14],
+        counters: u64,
+        stream: RawStream,
+    ) -> Result<()> {
+        if p.compress.n == 0 {
+            return Ok(());
+        }
+        let params = kernel_abi::fused_params(
+            p,
+            &bind::compress_ptrs(&t[..10], counters),
+            &bind::fused_insert_ptrs(t, counters),
+            self.sanitize,
+        );
+        self.launch(self.policy.fused_launch(p), &params, stream)
+    }
+
+    // ---- the raw API -------------------------------------------------------
+
+    /// `rope_quant_insert` over caller-owned device memory on the caller's
+    /// stream. Skipped tokens are counted at `raw_counters` (3 `u32`: slot,
+    /// position, index) or, when `None`, in this backend's counters.
+    ///
+    /// Checks, in this order on every backend: the arguments as in the safe
+    /// API (dtypes, shapes, strides, offsets and, against each
+    /// [`RawDevice::len`], extents); each address non-null and aligned as
+    /// its view is read (16 bytes for rows and caches, the element size for
+    /// index tensors and the cos/sin table, 4 for the FP8 scale), in the
+    /// order the arguments are declared; then `raw_counters`. Nothing is
+    /// allocated, copied or waited for, so the call can be captured.
+    ///
+    /// # Safety
+    /// * every `ptr` is a device address of this backend's device (in its
+    ///   context) of an allocation at least `len` bytes long (or long enough
+    ///   for its view, when `len` is `usize::MAX`), that stays allocated
+    ///   until the kernel has finished (or, when captured, for as long as
+    ///   the graph may be replayed);
+    /// * `stream` is a valid stream of that device (or
+    ///   [`RawStream::DEFAULT`]), and the caller orders the kernel against
+    ///   other work touching the same memory: the launch is ordered on
+    ///   `stream` only;
+    /// * written tensors (`kv_cache`) do not overlap any tensor the kernel reads;
+    /// * `raw_counters`, when given, points to 3 writable `u32` of that
+    ///   device; when `None`, the caller synchronizes `stream` before
+    ///   [`Backend::take_skip_counts`] (which waits for the backend's stream
+    ///   only) and does not launch concurrently with it.
+    pub unsafe fn rope_quant_insert_raw(
+        &self,
+        args: &InsertArgs<'_, RawDevice>,
+        stream: RawStream,
+        raw_counters: Option<u64>,
+    ) -> Result<()> {
+        let p = plan_insert(args)?;
+        let t = bind::insert(args);
+        bind::check_raw(&t)?;
+        let c = self.raw_counters(raw_counters)?;
+        self.insert_on(&p, &t, c, stream)
+    }
+
+    /// `fused_save_compress_norm` over caller-owned device memory on the
+    /// caller's stream; see [`GpuBackend::rope_quant_insert_raw`].
+    ///
+    /// # Safety
+    /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensors are
+    /// `latent_out` and (CR2) `state_cache`.
+    pub unsafe fn fused_save_compress_norm_raw(
+        &self,
+        args: &CompressArgs<'_, RawDevice>,
+        stream: RawStream,
+        raw_counters: Option<u64>,
+    ) -> Result<()> {
+        let p = plan_compress(args)?;
+        let t = bind::compress(args, &p);
+        bind::check_raw(&t)?;
+        let c = self.raw_counters(raw_counters)?;
+        self.compress_on(&p, &t, c, stream)
+    }
+
+    /// `save_ring_rows` over caller-owned device memory on the caller's
+    /// stream; see [`GpuBackend::rope_quant_insert_raw`].
+    ///
+    /// # Safety
+    /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensor is
+    /// `state_cache`.
+    pub unsafe fn save_ring_rows_raw(
+        &self,
+        args: &RingArgs<'_, RawDevice>,
+        stream: RawStream,
+        raw_counters: Option<u64>,
+    ) -> Result<()> {
+        let p = plan_ring_rows(args)?;
+        let t = bind::ring(args);
+        bind::check_raw(&t)?;
+        let c = self.raw_counters(raw_counters)?;
+        self.ring_on(&p, &t, c, stream)
+    }
+
+    /// The fused compress + insert over caller-owned device memory on the
+    /// caller's stream; see [`GpuBackend::rope_quant_insert_raw`].
+    ///
+    /// # Safety
+    /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensors are
+    /// `latent_out` (unless skipped), (CR2) `state_cache` and `kv_cache`.
+    pub unsafe fn fused_compress_insert_raw(
+        &self,
+        args: &FusedArgs<'_, RawDevice>,
+        stream: RawStream,
+        raw_counters: Option<u64>,
+    ) -> Result<()> {
+        let p = plan_fused(args)?;
+        let t = bind::fused(args, &p);
+        bind::check_raw(&t)?;
+        let c = self.raw_counters(raw_counters)?;
+        self.fused_on(&p, &t, c, stream)
+    }
+
+    fn raw_counters(&self, c: Option<u64>) -> Result<u64> {
+        match c {
+            None => Ok(self.counters_ptr),
+            Some(p) => bind::aligned("raw_counters", p, 0, 4).map(|()| p),
+        }
+    }
+
+    // ---- graphs and timing ---------------------------------------------------
+
+    /// Captures `calls` calls of `f` (which launches on this backend's
+    /// stream) into a graph, without running them. The capture is
+    /// thread-local: anything `f` does that a capture forbids (an
+    /// allocation, a copy from the host, a wait) fails, and the capture is
+    /// ended on every exit, so the stream stays usable.
+    pub fn capture<F: FnMut() -> Result<()>>(
+        &self,
+        calls: usize,
+        mut f: F,
+    ) -> Result<CapturedGraph<'_, D>> {
+        self.drv.begin_capture()?;
+        struct Guard<'a, D: Driver>(Option<&'a D>);
+        impl<D: Driver> Drop for Guard<'_, D> {
+            fn drop(&mut self) {
+                if let Some(d) = self.0.take() {
+                    // Drops (destroys) the partial graph, if any.
+                    let _ = d.end_capture();
+                }
+            }
+        }
+        let mut guard = Guard(Some(&self.drv));
+        for _ in 0..calls {
+            f()?;
+        }
+        guard.0 = None;
+        let graph = self.drv.end_capture()?.ok_or_else(|| Error::Driver {
+            backend: D::BACKEND,
+            call: "end of stream capture",
+            message: "the capture recorded no work".into(),
+        })?;
+        Ok(CapturedGraph {
+            graph,
+            calls,
+            backend: self,
+        })
+    }
+
+    /// Replays `graph` `replays` times back to back (after one warm-up
+    /// replay), with an event between replays; the milliseconds of each.
+    ///
+    /// # Safety
+    /// As for [`CapturedGraph::launch`].
+    unsafe fn replay_ms(&self, graph: &CapturedGraph<'_, D>, replays: usize) -> Result<Vec<f32>> {
+        let events = (0..=replays)
+            .map(|_| self.drv.create_event())
+            .collect::<Result<Vec<_>>>()?;
+        graph.launch()?;
+        for (i, e) in events.iter().enumerate() {
+            self.drv.record_event(e)?;
+            if i < replays {
+                graph.launch()?;
+            }
+        }
+        self.drv.synchronize(self.stream())?;
+        events
+            .windows(2)
+            .map(|w| self.drv.elapsed_ms(&w[0], &w[1]))
+            .collect()
+    }
+
+    /// GPU time per launch: captures `launches_per_graph` calls of `f` into
+    /// a graph on the backend's stream, replays it `replays` times (after
+    /// one warm-up replay) and returns, for each replay, its event-measured
+    /// time divided by `launches_per_graph`, in microseconds.
+    ///
+    /// The launches rewrite the same outputs on every replay (and CR2 rings
+    /// see the previous replay's stores), which does not change their cost.
+    pub fn time_graph<F: FnMut() -> Result<()>>(
+        &self,
+        launches_per_graph: usize,
+        replays: usize,
+        f: F,
+    ) -> Result<Vec<f32>> {
+        if launches_per_graph == 0 {
+            return Err(Error::Value {
+                arg: "launches_per_graph",
+                problem: "must be at least 1".into(),
+            });
+        }
+        // `f` (and whatever it owns or borrows) stays alive until the replays
+        // have been waited for.
+        let mut f = f;
+        let graph = self.capture(launches_per_graph, &mut f)?;
+        // SAFETY: the buffers the captured launches use are owned or borrowed
+        // by `f`, which outlives the replays (waited for in `replay_ms`).
+        let ms = unsafe { self.replay_ms(&graph, replays)? };
+        Ok(ms
+            .into_iter()
+            .map(|m| m * 1000.0 / launches_per_graph as f32)
+            .collect())
+    }
+
+    /// Device-to-device copy bandwidth, the roofline of the kernels: one
+    /// `bytes`-byte copy captured in a graph, replayed `replays` times (after
+    /// a warm-up) with events; returns the bytes read plus written per
+    /// second (`2 * bytes / t`) at the median replay time `t`.
+    pub fn time_copy(&self, bytes: usize, replays: usize) -> Result<f64> {
+        if bytes == 0 || replays == 0 {
+            return Err(Error::Value {
+                arg: if bytes == 0 { "bytes" } else { "replays" },
+                problem: "must be at least 1".into(),
+            });
+        }
+        let src = self.alloc_zeroed(bytes)?;
+        let mut dst = self.alloc_zeroed(bytes)?;
+        let graph = self.capture(1, || self.copy(&src, &mut dst, bytes))?;
+        // SAFETY: `src` and `dst` outlive the replays, which are waited for.
+        let mut ms = unsafe { self.replay_ms(&graph, replays)? };
+        ms.sort_by(|a, b| a.total_cmp(b));
+        let t = f64::from(ms[ms.len() / 2]) / 1000.0;
+        Ok(2.0 * bytes as f64 / t.max(1e-9))
+    }
+
+    /// Host cost of launching: calls `f` (eager launches on this backend)
+    /// `calls` times after one warm-up call, and returns the mean host time
+    /// per call in microseconds, not counting the final wait for the device.
+    /// (GPU time is [`GpuBackend::time_graph`]'s.)
+    pub fn host_launch_cost<F: FnMut() -> Result<()>>(
+        &self,
+        calls: usize,
+        mut f: F,
+    ) -> Result<f64> {
+        if calls == 0 {
+            return Err(Error::Value {
+                arg: "calls",
+                problem: "must be at least 1".into(),
+            });
+        }
+        f()?;
+        self.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..calls {
+            f()?;
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6 / calls as f64;
+        self.synchronize()?;
+        Ok(us)
+    }
+}
+
+impl<D: Driver> Drop for GpuBackend<D> {
+    fn drop(&mut self) {
+        // Work still queued may use the counters freed next; an error
+        // cannot be reported from drop.
+        let _ = self.drv.synchronize(self.drv.stream());
+    }
+}
+
+/// A graph of launches captured on a [`GpuBackend`]'s stream.
+pub struct CapturedGraph<'b, D: Driver> {
+    graph: D::Graph,
+    calls: usize,
+    /// The graph's kernels live in the backend's module.
+    backend: &'b GpuBackend<D>,
+}
+
+impl<D: Driver> CapturedGraph<'_, D> {
+    /// How many calls of the capture closure it holds.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Replays the graph on the backend's stream (no wait). It reads and
+    /// writes the buffers' current contents.
+    ///
+    /// # Safety
+    /// Every buffer (and raw device pointer) the captured launches used must
+    /// still be allocated: a graph holds device addresses, not borrows.
+    pub unsafe fn launch(&self) -> Result<()> {
+        self.backend.drv.launch_graph(&self.graph)
+    }
+}
+
+impl<D: Driver> Backend for GpuBackend<D> {
+    type Buffer = DeviceBuffer<D>;
+
+    fn name(&self) -> String {
+        let f = self.drv.facts();
+        format!("{}:{} ({}, {})", D::BACKEND, f.ordinal, f.name, f.arch)
+    }
+
+    fn sanitize(&self) -> bool {
+        self.sanitize
+    }
+
+    fn set_sanitize(&mut self, on: bool) {
+        self.sanitize = on;
+    }
+
+    fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer<D>> {
+        let mut b = self.alloc(bytes.len())?;
+        self.write(&mut b, bytes)?;
+        Ok(b)
+    }
+
+    fn write(&self, buf: &mut DeviceBuffer<D>, bytes: &[u8]) -> Result<()> {
+        self.own("write", buf)?;
+        if bytes.len() > buf.len {
+            return Err(Error::OutOfBounds {
+                arg: "write",
+                needed: bytes.len() as u64,
+                available: buf.len as u64,
+            });
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `buf` holds at least `bytes.len()` bytes; `bytes` stays
+        // borrowed until the stream has been waited for.
+        unsafe { self.drv.copy_to_device(buf.ptr, bytes, self.stream())? };
+        self.drv.synchronize(self.stream())
+    }
+
+    fn read(&self, buf: &DeviceBuffer<D>) -> Result<Vec<u8>> {
+        self.own("read", buf)?;
+        let mut out = vec![0u8; buf.len];
+        if !out.is_empty() {
+            // SAFETY: `buf` holds `out.len()` bytes; the stream is waited for
+            // before `out` is used.
+            unsafe { self.drv.copy_to_host(&mut out, buf.ptr, self.stream())? };
+        }
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    fn fused_save_compress_norm(&self, a: CompressArgs<'_, DeviceBuffer<D>>) -> Result<()> {
+        let p = plan_compress(&a)?;
+        let t = bind::compress(&a, &p);
+        self.own_all(&t)?;
+        // SAFETY: the plan checked every view against its buffer's length,
+        // and the buffers are this backend's, borrowed for the call.
+        unsafe { self.compress_on(&p, &t, self.counters_ptr, self.stream()) }
+    }
+
+    fn rope_quant_insert(&self, a: InsertArgs<'_, DeviceBuffer<D>>) -> Result<()> {
+        let p = plan_insert(&a)?;
+        let t = bind::insert(&a);
+        self.own_all(&t)?;
+        // SAFETY: as in `fused_save_compress_norm`.
+        unsafe { self.insert_on(&p, &t, self.counters_ptr, self.stream()) }
+    }
+
+    fn save_ring_rows(&self, a: RingArgs<'_, DeviceBuffer<D>>) -> Result<()> {
+        let p = plan_ring_rows(&a)?;
+        let t = bind::ring(&a);
+        self.own_all(&t)?;
+        // SAFETY: as in `fused_save_compress_norm`.
+        unsafe { self.ring_on(&p, &t, self.counters_ptr, self.stream()) }
+    }
+
+    fn fused_compress_insert(&self, a: FusedArgs<'_, DeviceBuffer<D>>) -> Result<()> {
+        let p = plan_fused(&a)?;
+        let t = bind::fused(&a, &p);
+        self.own_all(&t)?;
+        // SAFETY: as in `fused_save_compress_norm`.
+        unsafe { self.fused_on(&p, &t, self.counters_ptr, self.stream()) }
+    }
+
+    fn take_skip_counts(&self) -> Result<SkipCounts> {
+        self.synchronize()?;
+        let mut c = [0u8; 4 * NUM_COUNTERS];
+        let s = self.stream();
+        // SAFETY: the counters hold 4 * NUM_COUNTERS bytes; the stream is
+        // waited for before `c` is read, and the reset is ordered before any
+        // later launch on the stream.
+        unsafe {
+            self.drv.copy_to_host(&mut c, self.counters_ptr, s)?;
+            self.drv.synchronize(s)?;
+            self.drv.memset(self.counters_ptr, 0, 4 * NUM_COUNTERS, s)?;
+        }
+        let at = |i: usize| {
+            u64::from(u32::from_ne_bytes([
+                c[4 * i],
+                c[4 * i + 1],
+                c[4 * i + 2],
+                c[4 * i + 3],
+            ]))
+        };
+        Ok(SkipCounts {
+            slot_out_of_range: at(0),
+            position_out_of_range: at(1),
+            index_out_of_range: at(2),
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.drv.synchronize(self.stream())
+    }
+}

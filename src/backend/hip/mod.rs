@@ -1,0 +1,780 @@
+//! The HIP driver under [`GpuBackend`] (AMD Instinct MI300 = gfx942, MI350 =
+//! gfx950): the embedded AMDGPU code objects, launched through the HIP
+//! runtime, which is loaded at run time. [`HipBackend`] is the GPU backend
+//! over it.
+//!
+//! # Runtime loading
+//!
+//! `libamdhip64` is opened with `dlopen` when a backend is created (names
+//! tried: `libamdhip64.so`, `libamdhip64.so.6`, `libamdhip64.so.7`,
+//! `$ROCM_PATH/lib/libamdhip64.so`, `/opt/rocm/lib/libamdhip64.so`), so the
+//! crate builds, links and starts on machines without ROCm; there,
+//! [`HipBackend::new`] returns [`Error::Unavailable`] naming the paths it
+//! tried.
+//!
+//! The bindings are this crate's own (`hip/ffi.rs`, about thirty C entry
+//! points over `libloading`) rather than `cubecl-hip-sys`: the backend needs
+//! only a handful of long-stable symbols of the module API (`hipModuleLoadData`,
+//! `hipModuleLaunchKernel`, memory, streams, events, graphs); they need no
+//! build script and no ROCm headers; and they do not pin a HIP version,
+//! whereas `cubecl-hip-sys` selects one generated binding per HIP release
+//! through Cargo features, which would tie a binary to the ROCm release it
+//! was built for. The one structure whose layout changed between releases,
+//! `hipDeviceProp_t`, is read defensively (see below), and everything else
+//! goes through handles and scalars.
+//!
+//! # Device properties
+//!
+//! The architecture string (`gcnArchName`, e.g. `gfx950:sramecc+:xnack-`) has
+//! no `hipDeviceGetAttribute` equivalent, so it is read from the properties
+//! struct: `hipGetDevicePropertiesR0600` (ROCm 6 and 7) into an 8 KiB
+//! zeroed buffer, the field read at its documented offset (1160), and, if
+//! that is not a well-formed architecture name, the struct is searched for
+//! a NUL-terminated `gfx...` string that parses as one. On ROCm 5, which
+//! only has the legacy `hipGetDeviceProperties` (R0000 layout), the same is
+//! done from offset 396. Everything else (name, memory) comes from
+//! `hipDeviceGetName` and `hipDeviceTotalMem`, which have no layout.
+//!
+//! # Launches
+//!
+//! Launches, buffers, graphs and timing are [`GpuBackend`]'s: the parameter
+//! block goes by value as the kernel's one argument through
+//! `hipModuleLaunchKernel`, with the dynamic shared memory (LDS) the CR2
+//! team kernels need, on the backend's stream or the caller's.
+
+mod ffi;
+
+use self::ffi::{Api, HipError, Stream, HIP_ERROR_NO_DEVICE, HIP_SUCCESS};
+use super::gpu::{DeviceFacts, Driver, GpuBackend};
+use super::raw::RawStream;
+use crate::detect::{sanitize_for, AmdArch, SanitizePolicy};
+use crate::error::{Error, Result};
+use crate::kernel_abi::Kernel;
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::ptr::null_mut;
+use std::sync::Arc;
+
+const BACKEND: &str = "hip";
+
+fn unavailable(reason: impl Into<String>) -> Error {
+    Error::Unavailable {
+        backend: BACKEND,
+        reason: reason.into(),
+    }
+}
+
+/// The HIP backend on one device.
+pub type HipBackend = GpuBackend<HipDriver>;
+
+/// Memory the HIP backend computes on: a `hipMalloc` allocation.
+pub type HipBuffer = super::gpu::DeviceBuffer<HipDriver>;
+
+/// A HIP graph captured on a [`HipBackend`]'s stream.
+pub type HipGraph<'a> = super::gpu::CapturedGraph<'a, HipDriver>;
+
+pub use super::raw::RawDevice;
+
+/// A HIP handle (stream, module, function, event, graph).
+#[derive(Debug, Clone, Copy)]
+pub struct Handle(*mut c_void);
+
+// SAFETY: HIP handles are process-wide identifiers; the runtime's calls on
+// them are thread-safe.
+unsafe impl Send for Handle {}
+// SAFETY: as above.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    const NULL: Handle = Handle(null_mut());
+}
+
+/// A `hipMalloc` allocation, freed on drop.
+pub struct HipMemory {
+    ptr: Handle,
+    api: Arc<Api>,
+}
+
+impl Drop for HipMemory {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from hipMalloc and is freed once. An error
+        // here (e.g. a device lost) cannot be reported from drop.
+        unsafe { (self.api.free)(self.ptr.0) };
+    }
+}
+
+/// A HIP event, destroyed on drop.
+pub struct HipEvent {
+    event: Handle,
+    api: Arc<Api>,
+}
+
+impl Drop for HipEvent {
+    fn drop(&mut self) {
+        // SAFETY: created by hipEventCreate, destroyed once.
+        unsafe { (self.api.event_destroy)(self.event.0) };
+    }
+}
+
+/// A captured graph and its executable instance, destroyed on drop.
+pub struct HipGraphExec {
+    graph: Handle,
+    exec: Handle,
+    api: Arc<Api>,
+}
+
+impl Drop for HipGraphExec {
+    fn drop(&mut self) {
+        // SAFETY: handles created by end_capture, released once.
+        unsafe {
+            if let (false, Some(f)) = (self.exec.0.is_null(), self.api.graph_exec_destroy) {
+                f(self.exec.0);
+            }
+            if let (false, Some(f)) = (self.graph.0.is_null(), self.api.graph_destroy) {
+                f(self.graph.0);
+            }
+        }
+    }
+}
+
+/// The HIP runtime on one device: its stream and the embedded code object
+/// for its architecture loaded as a module.
+pub struct HipDriver {
+    api: Arc<Api>,
+    facts: DeviceFacts,
+    arch: AmdArch,
+    target: &'static str,
+    stream: Handle,
+    module: Handle,
+}
+
+impl std::fmt::Debug for HipDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HipDriver")
+            .field("device", &self.facts)
+            .field("target", &self.target)
+            .field("runtime", &self.api.path)
+            .finish()
+    }
+}
+
+impl HipDriver {
+    /// Opens HIP device `device`: loads the runtime, reads the device's
+    /// architecture, creates a stream and loads the embedded code object
+    /// for it. Any failure is an [`Error::Unavailable`] naming what was
+    /// looked for and where.
+    pub fn open(device: usize) -> Result<Self> {
+        let api = init_runtime()?;
+        let count = device_count(&api)?;
+        if device >= count {
+            return Err(unavailable(format!(
+                "HIP device {device} was requested but the HIP runtime {} sees {count} device(s)",
+                api.path
+            )));
+        }
+        let ordinal = device as c_int;
+        // SAFETY: plain C call with a valid ordinal.
+        setup(
+            &api,
+            "hipSetDevice",
+            unsafe { (api.set_device)(ordinal) },
+            &format!("for device {device}"),
+        )?;
+        let name = device_name(&api, ordinal)?;
+        let arch = device_arch(&api, ordinal)?;
+        let target = arch.code_object_target().map_err(|e| match e {
+            Error::Unavailable { backend, reason } => Error::Unavailable {
+                backend,
+                reason: format!(
+                    "{reason} (HIP device {device}, {name}, runtime {})",
+                    api.path
+                ),
+            },
+            other => other,
+        })?;
+        let image = crate::kernels::hip_code_object(target).ok_or_else(|| {
+            unavailable(format!(
+                "this build lists {target} as a target but has no code object for it"
+            ))
+        })?;
+        let mut d = HipDriver {
+            facts: DeviceFacts {
+                ordinal: device,
+                name,
+                arch: arch.to_string(),
+                // CDNA (gfx9) runs 64-lane wavefronts only.
+                warp_size: if arch.to_string().starts_with("gfx9") {
+                    64
+                } else {
+                    32
+                },
+                total_memory: total_mem(&api, ordinal),
+            },
+            api: api.clone(),
+            arch,
+            target,
+            stream: Handle::NULL,
+            module: Handle::NULL,
+        };
+        // From here on, Drop releases whatever was created.
+        let mut s: Stream = null_mut();
+        // SAFETY: valid out-pointer.
+        setup(
+            &api,
+            "hipStreamCreate",
+            unsafe { (api.stream_create)(&mut s) },
+            "",
+        )?;
+        d.stream = Handle(s);
+        let mut m = null_mut();
+        // SAFETY: image is a complete AMDGPU code object (ELF) that lives for 'static.
+        let code = unsafe { (api.module_load_data)(&mut m, image.as_ptr() as *const c_void) };
+        setup(
+            &api,
+            "hipModuleLoadData",
+            code,
+            &format!(
+                "loading the embedded {target} code object ({} bytes) on {}",
+                image.len(),
+                d.arch
+            ),
+        )?;
+        d.module = Handle(m);
+        Ok(d)
+    }
+
+    /// Whether a HIP runtime library can be loaded on this machine (it may
+    /// still have no device).
+    pub fn library_present() -> bool {
+        ffi::load().is_ok()
+    }
+
+    /// The device's architecture, as it reports it.
+    pub fn arch(&self) -> &AmdArch {
+        &self.arch
+    }
+
+    /// The embedded code object target in use (`gfx942`, `gfx950`).
+    pub fn target(&self) -> &'static str {
+        self.target
+    }
+
+    /// Where the HIP runtime was loaded from.
+    pub fn runtime_path(&self) -> &str {
+        &self.api.path
+    }
+
+    fn check(&self, call: &'static str, code: HipError) -> Result<()> {
+        check(&self.api, call, code)
+    }
+
+    /// Makes the device current on this thread: a null stream means the
+    /// thread's current device, and allocations go to it (a thread-local
+    /// setting; it neither allocates nor waits).
+    fn select_device(&self) -> Result<()> {
+        // SAFETY: plain C call with the ordinal opened in open().
+        self.check("hipSetDevice", unsafe {
+            (self.api.set_device)(self.facts.ordinal as c_int)
+        })
+    }
+
+    fn memcpy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        len: usize,
+        kind: c_int,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.select_device()?;
+        // SAFETY: the callers vouch for both ranges (see the Driver methods).
+        let code = unsafe { (self.api.memcpy_async)(dst, src, len, kind, stream.as_ptr()) };
+        self.check("hipMemcpyAsync", code)
+    }
+
+    fn graph_api(&self) -> Result<()> {
+        let a = &self.api;
+        if a.stream_begin_capture.is_some()
+            && a.stream_end_capture.is_some()
+            && a.graph_instantiate.is_some()
+            && a.graph_launch.is_some()
+        {
+            Ok(())
+        } else {
+            Err(unavailable(format!(
+                "the HIP runtime {} lacks the graph API (hipStreamBeginCapture, hipStreamEndCapture, \
+                 hipGraphInstantiate, hipGraphLaunch)",
+                a.path
+            )))
+        }
+    }
+}
+
+impl Drop for HipDriver {
+    fn drop(&mut self) {
+        let api = &self.api;
+        // SAFETY: each handle was created by this driver and is released
+        // once; errors cannot be reported from drop.
+        unsafe {
+            if !self.stream.0.is_null() {
+                (api.stream_synchronize)(self.stream.0);
+            }
+            if !self.module.0.is_null() {
+                (api.module_unload)(self.module.0);
+            }
+            if !self.stream.0.is_null() {
+                (api.stream_destroy)(self.stream.0);
+            }
+        }
+    }
+}
+
+// SAFETY: launches go through `hipModuleLaunchKernel` with the caller's
+// parameter block; allocations are hipMalloc'd and freed only on drop.
+unsafe impl Driver for HipDriver {
+    const BACKEND: &'static str = BACKEND;
+    type Function = Handle;
+    type Memory = HipMemory;
+    type Event = HipEvent;
+    type Graph = HipGraphExec;
+
+    fn facts(&self) -> &DeviceFacts {
+        &self.facts
+    }
+
+    fn sanitize_for(&self, policy: SanitizePolicy) -> bool {
+        sanitize_for(&self.arch, policy)
+    }
+
+    fn stream(&self) -> RawStream {
+        RawStream::from_ptr(self.stream.0)
+    }
+
+    fn function(&self, kernel: Kernel) -> Result<Handle> {
+        let name = kernel.name();
+        let c = CString::new(name).expect("kernel names have no NUL");
+        let mut f = null_mut();
+        // SAFETY: the module is loaded; c is NUL-terminated.
+        let code = unsafe { (self.api.module_get_function)(&mut f, self.module.0, c.as_ptr()) };
+        setup(
+            &self.api,
+            "hipModuleGetFunction",
+            code,
+            &format!(
+                "for kernel {name} in the embedded {} code object (rebuild with the current kernels-hip \
+                 sources)",
+                self.target
+            ),
+        )?;
+        Ok(Handle(f))
+    }
+
+    fn alloc(&self, len: usize) -> Result<(HipMemory, u64)> {
+        self.select_device()?;
+        let mut p = null_mut();
+        // A zero-byte request returns null: allocate one byte.
+        // SAFETY: valid out-pointer.
+        self.check("hipMalloc", unsafe {
+            (self.api.malloc)(&mut p, len.max(1))
+        })?;
+        Ok((
+            HipMemory {
+                ptr: Handle(p),
+                api: self.api.clone(),
+            },
+            p as u64,
+        ))
+    }
+
+    unsafe fn memset(&self, dst: u64, value: u8, len: usize, stream: RawStream) -> Result<()> {
+        self.select_device()?;
+        let code =
+            (self.api.memset_async)(dst as *mut c_void, c_int::from(value), len, stream.as_ptr());
+        self.check("hipMemsetAsync", code)
+    }
+
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8], stream: RawStream) -> Result<()> {
+        self.memcpy(
+            dst as *mut c_void,
+            src.as_ptr() as *const c_void,
+            src.len(),
+            ffi::MEMCPY_H2D,
+            stream,
+        )
+    }
+
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: RawStream) -> Result<()> {
+        self.memcpy(
+            dst.as_mut_ptr() as *mut c_void,
+            src as *const c_void,
+            dst.len(),
+            ffi::MEMCPY_D2H,
+            stream,
+        )
+    }
+
+    unsafe fn copy_on_device(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.memcpy(
+            dst as *mut c_void,
+            src as *const c_void,
+            len,
+            ffi::MEMCPY_D2D,
+            stream,
+        )
+    }
+
+    fn synchronize(&self, stream: RawStream) -> Result<()> {
+        self.select_device()?;
+        // SAFETY: the stream is the driver's own or one the caller vouched for.
+        self.check("hipStreamSynchronize", unsafe {
+            (self.api.stream_synchronize)(stream.as_ptr())
+        })
+    }
+
+    unsafe fn launch(
+        &self,
+        function: Handle,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        stream: RawStream,
+        params: *mut c_void,
+    ) -> Result<()> {
+        self.select_device()?;
+        let mut args = [params];
+        let code = (self.api.module_launch_kernel)(
+            function.0,
+            grid,
+            1,
+            1,
+            block,
+            1,
+            1,
+            shared_bytes,
+            stream.as_ptr(),
+            args.as_mut_ptr(),
+            null_mut(),
+        );
+        self.check("hipModuleLaunchKernel", code)
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        self.graph_api()?;
+        let begin = self.api.stream_begin_capture.expect("checked");
+        // SAFETY: the stream is live.
+        self.check("hipStreamBeginCapture", unsafe {
+            begin(self.stream.0, ffi::CAPTURE_MODE_THREAD_LOCAL)
+        })
+    }
+
+    fn end_capture(&self) -> Result<Option<HipGraphExec>> {
+        self.graph_api()?;
+        let (end, inst) = (
+            self.api.stream_end_capture.expect("checked"),
+            self.api.graph_instantiate.expect("checked"),
+        );
+        let mut graph = null_mut();
+        // SAFETY: ends the capture begun on this stream.
+        let code = unsafe { end(self.stream.0, &mut graph) };
+        let mut g = HipGraphExec {
+            graph: Handle(graph),
+            exec: Handle::NULL,
+            api: self.api.clone(),
+        };
+        self.check("hipStreamEndCapture", code)?;
+        if graph.is_null() {
+            return Ok(None);
+        }
+        let mut exec = null_mut();
+        // SAFETY: graph is a captured graph; no error node or log requested.
+        self.check("hipGraphInstantiate", unsafe {
+            inst(&mut exec, graph, null_mut(), null_mut(), 0)
+        })?;
+        g.exec = Handle(exec);
+        Ok(Some(g))
+    }
+
+    unsafe fn launch_graph(&self, graph: &HipGraphExec) -> Result<()> {
+        self.graph_api()?;
+        let launch = self.api.graph_launch.expect("checked");
+        self.check("hipGraphLaunch", launch(graph.exec.0, self.stream.0))
+    }
+
+    fn create_event(&self) -> Result<HipEvent> {
+        let mut e = null_mut();
+        // SAFETY: valid out-pointer.
+        self.check("hipEventCreate", unsafe { (self.api.event_create)(&mut e) })?;
+        Ok(HipEvent {
+            event: Handle(e),
+            api: self.api.clone(),
+        })
+    }
+
+    fn record_event(&self, event: &HipEvent) -> Result<()> {
+        // SAFETY: the event and the stream are live.
+        self.check("hipEventRecord", unsafe {
+            (self.api.event_record)(event.event.0, self.stream.0)
+        })
+    }
+
+    fn elapsed_ms(&self, start: &HipEvent, end: &HipEvent) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: both events are live and recorded.
+        self.check("hipEventElapsedTime", unsafe {
+            (self.api.event_elapsed_time)(&mut ms, start.event.0, end.event.0)
+        })?;
+        Ok(ms)
+    }
+}
+
+// The backend and its buffers can be shared across threads (the runtime
+// serializes work on the one stream).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<GpuBackend<HipDriver>>();
+    send_sync::<super::gpu::DeviceBuffer<HipDriver>>();
+};
+
+impl GpuBackend<HipDriver> {
+    /// Opens HIP device `device` ([`HipDriver::open`]) with the sanitize and
+    /// launch policies of the environment ([`GpuBackend::from_driver`]);
+    /// a bad `DSV4_KVCACHE_SANITIZE` or override variable is an
+    /// [`Error::Value`].
+    pub fn new(device: usize) -> Result<Self> {
+        GpuBackend::from_driver(HipDriver::open(device)?)
+    }
+
+    /// As [`HipBackend::new`], with the sanitize policy given and the
+    /// measured launch heuristics (the environment is not read).
+    pub fn with_policy(device: usize, policy: SanitizePolicy) -> Result<Self> {
+        GpuBackend::with_policies(
+            HipDriver::open(device)?,
+            policy,
+            crate::launch::LaunchPolicy::MEASURED,
+        )
+    }
+
+    /// The device's architecture, as it reports it.
+    pub fn arch(&self) -> &AmdArch {
+        self.driver().arch()
+    }
+
+    /// The embedded code object target in use (`gfx942`, `gfx950`).
+    pub fn target(&self) -> &'static str {
+        self.driver().target()
+    }
+
+    /// The HIP device ordinal.
+    pub fn device(&self) -> usize {
+        self.ordinal()
+    }
+
+    /// Where the HIP runtime was loaded from.
+    pub fn runtime_path(&self) -> &str {
+        self.driver().runtime_path()
+    }
+}
+
+/// `Ok` for `hipSuccess`, else an [`Error::Driver`] naming `call`.
+fn check(api: &Api, call: &'static str, code: HipError) -> Result<()> {
+    if code == HIP_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Driver {
+            backend: BACKEND,
+            call,
+            message: api.error_message(code),
+        })
+    }
+}
+
+/// As [`check`], but an [`Error::Unavailable`] that says where the runtime
+/// came from (setup failures).
+fn setup(api: &Api, call: &'static str, code: HipError, what: &str) -> Result<()> {
+    if code == HIP_SUCCESS {
+        Ok(())
+    } else {
+        Err(unavailable(format!(
+            "{call} failed {what}: {} (HIP runtime {})",
+            api.error_message(code),
+            api.path
+        )))
+    }
+}
+
+/// Loads the runtime and runs `hipInit`, with the no-device case spelled out.
+fn init_runtime() -> Result<Arc<Api>> {
+    let api = ffi::load().map_err(unavailable)?;
+    // SAFETY: plain C call.
+    let code = unsafe { (api.init)(0) };
+    if code == HIP_ERROR_NO_DEVICE {
+        return Err(unavailable(format!(
+            "the HIP runtime {} found no AMD GPU (hipInit: {}); check that the amdgpu driver is loaded, /dev/kfd \
+             is accessible and HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES do not hide the devices",
+            api.path,
+            api.error_message(code)
+        )));
+    }
+    setup(&api, "hipInit", code, "")?;
+    Ok(api)
+}
+
+fn device_count(api: &Api) -> Result<usize> {
+    let mut n: c_int = 0;
+    // SAFETY: n is a valid out-pointer.
+    let code = unsafe { (api.get_device_count)(&mut n) };
+    if code == HIP_ERROR_NO_DEVICE {
+        return Ok(0);
+    }
+    setup(api, "hipGetDeviceCount", code, "")?;
+    Ok(n.max(0) as usize)
+}
+
+fn device_name(api: &Api, device: c_int) -> Result<String> {
+    let mut dev: c_int = 0;
+    // SAFETY: valid out-pointer.
+    setup(
+        api,
+        "hipDeviceGet",
+        unsafe { (api.device_get)(&mut dev, device) },
+        "",
+    )?;
+    let mut buf = [0 as c_char; 256];
+    // SAFETY: buf holds 256 chars; the runtime writes a NUL-terminated name.
+    setup(
+        api,
+        "hipDeviceGetName",
+        unsafe { (api.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, dev) },
+        "",
+    )?;
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    Ok(String::from_utf8_lossy(&bytes).trim().to_string())
+}
+
+/// The device's `gcnArchName` (see the module docs for how it is read).
+fn device_arch(api: &Api, device: c_int) -> Result<AmdArch> {
+    let (f, call, offset) = match (api.get_device_properties_r0600, api.get_device_properties) {
+        (Some(f), _) => (
+            f,
+            "hipGetDevicePropertiesR0600",
+            ffi::GCN_ARCH_NAME_OFFSET_R0600,
+        ),
+        (None, Some(f)) => (f, "hipGetDeviceProperties", ffi::GCN_ARCH_NAME_OFFSET_R0000),
+        (None, None) => {
+            return Err(unavailable(format!(
+            "the HIP runtime {} has neither hipGetDevicePropertiesR0600 nor hipGetDeviceProperties",
+            api.path
+        )))
+        }
+    };
+    // u64 elements: 8-byte alignment, as the C struct has.
+    let mut props = vec![0u64; ffi::DEVICE_PROP_BYTES / 8];
+    // SAFETY: the buffer is larger than any hipDeviceProp_t layout.
+    setup(
+        api,
+        call,
+        unsafe { f(props.as_mut_ptr() as *mut c_void, device) },
+        &format!("for device {device}"),
+    )?;
+    let bytes: Vec<u8> = props.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let name = ffi::find_arch_name(&bytes, offset).ok_or_else(|| {
+        unavailable(format!(
+            "{call} for device {device} returned no gcnArchName (looked at offset {offset}, then for any gfx... \
+             string; HIP runtime {})",
+            api.path
+        ))
+    })?;
+    AmdArch::parse(&name).map_err(|e| unavailable(format!("device {device}: {e}")))
+}
+
+fn total_mem(api: &Api, device: c_int) -> Option<usize> {
+    let f = api.device_total_mem?;
+    let mut bytes = 0usize;
+    // SAFETY: valid out-pointer.
+    (unsafe { f(&mut bytes, device) } == HIP_SUCCESS).then_some(bytes)
+}
+
+fn version(f: Option<unsafe extern "C" fn(*mut c_int) -> HipError>) -> Option<String> {
+    let mut v: c_int = 0;
+    // SAFETY: valid out-pointer.
+    (unsafe { f?(&mut v) } == HIP_SUCCESS).then(|| {
+        // HIP_VERSION = major * 10^7 + minor * 10^5 + patch.
+        format!("{}.{}.{}", v / 10_000_000, (v / 100_000) % 100, v % 100_000)
+    })
+}
+
+/// What HIP runtime and devices this process can use, one line each, or why
+/// none (an [`Error::Unavailable`]), for `dsv4-kvcache info`.
+pub fn probe() -> std::result::Result<String, Error> {
+    let api = init_runtime()?;
+    let count = device_count(&api)?;
+    let runtime = version(api.runtime_get_version).unwrap_or_else(|| "?".into());
+    let driver = version(api.driver_get_version).unwrap_or_else(|| "?".into());
+    if count == 0 {
+        return Err(unavailable(format!(
+            "the HIP runtime {runtime} ({}) sees no AMD GPU",
+            api.path
+        )));
+    }
+    let policy = SanitizePolicy::from_env();
+    let mut out = format!(
+        "HIP runtime {runtime} (driver {driver}) from {}, {count} device(s); embedded code objects: {}",
+        api.path,
+        if crate::kernels::hip_targets().is_empty() {
+            "none".to_string()
+        } else {
+            crate::kernels::hip_targets().join(", ")
+        }
+    );
+    for d in 0..count {
+        let ordinal = d as c_int;
+        let name =
+            device_name(&api, ordinal).unwrap_or_else(|e| format!("(name unavailable: {e})"));
+        let mem = total_mem(&api, ordinal).map_or(String::new(), |b| format!(", {} GiB", b >> 30));
+        let line = match device_arch(&api, ordinal) {
+            Err(e) => format!("hip:{d} {name}{mem}: {e}"),
+            Ok(arch) => {
+                let target = match arch.code_object_target() {
+                    Ok(t) => format!("code object {t}"),
+                    Err(Error::Unavailable { reason, .. }) => format!("NOT USABLE: {reason}"),
+                    Err(e) => format!("NOT USABLE: {e}"),
+                };
+                let sanitize = match &policy {
+                    Ok(p) => format!(
+                        "sanitize {} (policy {p})",
+                        if sanitize_for(&arch, *p) { "on" } else { "off" }
+                    ),
+                    Err(e) => format!("sanitize policy invalid: {e}"),
+                };
+                format!("hip:{d} {name}, {arch}{mem}, {target}, {sanitize}")
+            }
+        };
+        out.push_str("\n  ");
+        out.push_str(&line);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_decode() {
+        unsafe extern "C" fn v(out: *mut c_int) -> HipError {
+            *out = 60_443_483;
+            HIP_SUCCESS
+        }
+        assert_eq!(version(Some(v)).as_deref(), Some("6.4.43483"));
+        assert_eq!(version(None), None);
+    }
+}

@@ -1,0 +1,743 @@
+//! Launch policy: which kernel runs a validated plan, and in what shape.
+//!
+//! The choices (groups per block, the CR2 mapping of items to groups,
+//! screened token blocks, tile-major inserts) are functions of a
+//! [`LaunchPolicy`] value, which a GPU backend holds
+//! ([`crate::backend::gpu::GpuBackend::set_launch_policy`]). The default is
+//! the measured heuristics; [`LaunchPolicy::from_env`] builds one from the
+//! `DSV4_KVCACHE_*` override variables, which are only one way to make a
+//! policy, and [`LaunchPolicy::MAPPINGS`] lists the eight policies that
+//! together reach every kernel (the device parity test runs them all). The
+//! thresholds' measurements are in `docs/tuning.md`, "Host launch policy".
+
+use crate::error::{Error, Result};
+use crate::kernel_abi::{
+    compress_kernel, fused_kernel, fused_long_kernel, fused_pair_kernel, fused_team_kernel,
+    fused_team_mtp_kernel, insert_kernel, insert_tiles_kernel, Geometry, Kernel, CR2_PAIR_GROUPS,
+    CR2_POOLED_BYTES, CR2_TEAM_GROUPS, GROUP_LANES,
+};
+use crate::ops::{CompressPlan, FusedPlan, InsertPlan, RingRowsPlan};
+
+/// Token groups per block of a large launch (4 beat 8 for every kernel).
+pub const GROUPS_PER_BLOCK: u32 = 4;
+/// Token groups per block of a small (decode-size) launch: one AMD
+/// wavefront, two NVIDIA warps, so that a decode step's few tokens spread
+/// over the SMs / CUs.
+pub const SMALL_GROUPS_PER_BLOCK: u32 = 2;
+/// Launches of at most this many groups use [`SMALL_GROUPS_PER_BLOCK`].
+pub const SMALL_LAUNCH_ITEMS: u64 = 2048;
+/// Decode batches of mostly one-token requests up to this many items
+/// (requests plus tokens) run in teams of four, larger ones in pairs, which
+/// leave fewer lanes idle while group 0 norms and emits.
+pub const CR2_TEAM_MAX_ITEMS: u64 = 8192;
+/// Long chunks (prefill) run unscreened teams up to this many items: a team
+/// needs four warps per item, and once the teams outnumber what the GPU
+/// runs at once, other shapes win.
+pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
+/// Long chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`] and up to this many
+/// items run screened teams (a token block covers four tokens and pools the
+/// two that close a group).
+pub const CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 2560;
+/// Long chunks above the screened-team limit and up to this many items run
+/// one-pass lone groups; above it lone groups pooling by halves, which fit
+/// more groups on an SM.
+pub const CR2_LONE_MAX_ITEMS_LONG_CHUNKS: u64 = 3072;
+/// Decode batches with more multi-token requests screen their tokens from
+/// this many items on, on the multi-token kernels, whose request items also
+/// pool a two-token chunk's second token.
+pub const CR2_SCREEN_MIN_ITEMS_MULTI: u64 = 1536;
+/// Decode batches of mostly one-token requests screen their tokens from this
+/// many items on: their token items mostly pool nothing.
+pub const CR2_SCREEN_MIN_ITEMS: u64 = 512;
+
+/// How a CR2 launch spreads an item (a request's first group, or a token's)
+/// over the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cr2Items {
+    /// One group (32 lanes, 16 dims each) per item.
+    Lone,
+    /// A block of [`CR2_PAIR_GROUPS`] groups per item.
+    Pairs,
+    /// A block of [`CR2_TEAM_GROUPS`] groups per item.
+    Teams,
+    /// One group per item pooling its dims in two halves, so that the
+    /// kernel fits 64 registers (four blocks per SM on sm_90): long chunks.
+    LoneHalves,
+}
+
+/// How a CR2 launch runs, decided once per launch by
+/// [`LaunchPolicy::cr2_shape`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cr2Shape {
+    /// Groups per item.
+    pub items: Cr2Items,
+    /// Teams or pairs whose token blocks check a token per group
+    /// (`kv_cr2_token_block`): a block per request, and one per
+    /// [`CR2_TEAM_GROUPS`] (or [`CR2_PAIR_GROUPS`]) tokens.
+    pub screen_tokens: bool,
+    /// The multi-token kernels (`kv_compress_cr2_team_mtp`,
+    /// `kv_compress_cr2_pair_mtp`, `kv_fused_cr2_team_mtp_*`), whose request
+    /// items also pool a two-token chunk's second token.
+    pub multi_token: bool,
+}
+
+/// A kernel and the shape to launch it in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// Its grid and blocks.
+    pub geometry: Geometry,
+}
+
+/// The launch choices of a GPU backend. `None` in a field means "the
+/// measured heuristic"; `Some` forces the choice (for testing every kernel
+/// and for benchmarking).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LaunchPolicy {
+    /// Token groups per block of one-group-per-item launches: 2, 4 or 8.
+    pub groups_per_block: Option<u32>,
+    /// The CR2 mapping of items to groups.
+    pub cr2_items: Option<Cr2Items>,
+    /// Screened token blocks in CR2 team and pair launches.
+    pub cr2_screen: Option<bool>,
+    /// Tile-major CR1 inserts (where the layout has a tile-major kernel).
+    pub insert_tiles: Option<bool>,
+}
+
+/// The override variables [`LaunchPolicy::from_env`] reads.
+pub const POLICY_ENV_VARS: [&str; 4] = [
+    "DSV4_KVCACHE_GROUPS_PER_BLOCK",
+    "DSV4_KVCACHE_CR2_TEAMS",
+    "DSV4_KVCACHE_CR2_SCREEN",
+    "DSV4_KVCACHE_INSERT_TILES",
+];
+
+impl LaunchPolicy {
+    /// The measured heuristics (nothing forced).
+    pub const MEASURED: LaunchPolicy = LaunchPolicy {
+        groups_per_block: None,
+        cr2_items: None,
+        cr2_screen: None,
+        insert_tiles: None,
+    };
+
+    /// The eight policies that together launch every kernel on decode-sized
+    /// cases, labelled with the environment that builds each: the measured
+    /// heuristics (CR2 in teams, a token per group for CR1 inserts), lone
+    /// groups, pairs, lone groups by halves, screened teams, screened pairs,
+    /// tile-major inserts, and blocks of 8 groups with tile-major inserts
+    /// and lone CR2 groups.
+    pub const MAPPINGS: [(&'static str, LaunchPolicy); 8] = {
+        let m = LaunchPolicy::MEASURED;
+        [
+            ("measured heuristics", m),
+            (
+                "DSV4_KVCACHE_CR2_TEAMS=0",
+                LaunchPolicy {
+                    cr2_items: Some(Cr2Items::Lone),
+                    ..m
+                },
+            ),
+            (
+                "DSV4_KVCACHE_CR2_TEAMS=2",
+                LaunchPolicy {
+                    cr2_items: Some(Cr2Items::Pairs),
+                    ..m
+                },
+            ),
+            (
+                "DSV4_KVCACHE_CR2_TEAMS=3",
+                LaunchPolicy {
+                    cr2_items: Some(Cr2Items::LoneHalves),
+                    ..m
+                },
+            ),
+            (
+                "DSV4_KVCACHE_CR2_SCREEN=1",
+                LaunchPolicy {
+                    cr2_screen: Some(true),
+                    ..m
+                },
+            ),
+            (
+                "DSV4_KVCACHE_CR2_SCREEN=1 DSV4_KVCACHE_CR2_TEAMS=2",
+                LaunchPolicy {
+                    cr2_screen: Some(true),
+                    cr2_items: Some(Cr2Items::Pairs),
+                    ..m
+                },
+            ),
+            (
+                "DSV4_KVCACHE_INSERT_TILES=1",
+                LaunchPolicy {
+                    insert_tiles: Some(true),
+                    ..m
+                },
+            ),
+            (
+                "DSV4_KVCACHE_GROUPS_PER_BLOCK=8 DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_CR2_TEAMS=0",
+                LaunchPolicy {
+                    groups_per_block: Some(8),
+                    insert_tiles: Some(true),
+                    cr2_items: Some(Cr2Items::Lone),
+                    ..m
+                },
+            ),
+        ]
+    };
+
+    /// The policy the environment asks for: [`POLICY_ENV_VARS`], unset or
+    /// empty meaning "measured". A value that is not one of the documented
+    /// ones is an [`Error::Value`] naming the variable.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`LaunchPolicy::from_env`], reading the variables through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let read = |var: &'static str, allowed: &str| -> Result<Option<u32>> {
+            let Some(v) = get(var) else { return Ok(None) };
+            let v = v.trim();
+            if v.is_empty() {
+                return Ok(None);
+            }
+            match v.parse::<u32>() {
+                Ok(x) if allowed.split(',').any(|a| a == v) => Ok(Some(x)),
+                _ => Err(Error::Value {
+                    arg: var,
+                    problem: format!("{v:?} is not one of {allowed}"),
+                }),
+            }
+        };
+        let switch = |var| Ok::<_, Error>(read(var, "0,1")?.map(|x| x == 1));
+        Ok(LaunchPolicy {
+            groups_per_block: read(POLICY_ENV_VARS[0], "2,4,8")?,
+            cr2_items: read(POLICY_ENV_VARS[1], "0,1,2,3")?.map(|x| match x {
+                0 => Cr2Items::Lone,
+                1 => Cr2Items::Teams,
+                2 => Cr2Items::Pairs,
+                _ => Cr2Items::LoneHalves,
+            }),
+            cr2_screen: switch(POLICY_ENV_VARS[2])?,
+            insert_tiles: switch(POLICY_ENV_VARS[3])?,
+        })
+    }
+
+    /// Launch shape for `items` groups (one token or request each): blocks
+    /// of [`SMALL_GROUPS_PER_BLOCK`] groups at decode sizes, else
+    /// [`GROUPS_PER_BLOCK`], unless the policy forces a size.
+    pub fn geometry(&self, items: u64) -> Geometry {
+        let gpb = self
+            .groups_per_block
+            .unwrap_or(if items <= SMALL_LAUNCH_ITEMS {
+                SMALL_GROUPS_PER_BLOCK
+            } else {
+                GROUPS_PER_BLOCK
+            });
+        Geometry {
+            grid: items.div_ceil(gpb as u64).max(1) as u32,
+            block_threads: GROUP_LANES * gpb,
+            groups_log2: gpb.trailing_zeros(),
+            screen_tokens: false,
+            shared_bytes: 0,
+        }
+    }
+
+    /// The shape of a CR2 launch of `n` tokens in `num_reqs` requests
+    /// (`fused`: of `fused_compress_insert`).
+    ///
+    /// At decode sizes (at least half the tokens start a chunk) a lone
+    /// group's pooling chain is most of the kernel time and a team splits it
+    /// four ways: teams, or pairs for large batches of mostly one-token
+    /// requests. Long chunks run teams, then lone groups, then lone groups
+    /// by halves as they grow. Token blocks are screened where most of them
+    /// would pool nothing; screened launches that are not mostly one-token
+    /// requests run the multi-token kernels (fused ones in teams only), so
+    /// that a two-token chunk's rows are read once.
+    pub fn cr2_shape(&self, n: u64, num_reqs: u64, fused: bool) -> Cr2Shape {
+        let items = n + num_reqs;
+        let decode = 2 * num_reqs >= n;
+        let one_token = mostly_one_token(n, num_reqs);
+        let shape = self.cr2_items.unwrap_or(if decode {
+            if one_token && items > CR2_TEAM_MAX_ITEMS {
+                Cr2Items::Pairs
+            } else {
+                Cr2Items::Teams
+            }
+        } else if items <= CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS {
+            Cr2Items::Teams
+        } else if items <= CR2_LONE_MAX_ITEMS_LONG_CHUNKS {
+            Cr2Items::Lone
+        } else {
+            Cr2Items::LoneHalves
+        });
+        let teams = matches!(shape, Cr2Items::Teams | Cr2Items::Pairs);
+        let screen = if !decode {
+            items > CR2_TEAM_MAX_ITEMS_LONG_CHUNKS
+        } else if one_token {
+            items >= CR2_SCREEN_MIN_ITEMS
+        } else {
+            items >= CR2_SCREEN_MIN_ITEMS_MULTI
+        };
+        let screen_tokens = teams && self.cr2_screen.unwrap_or(screen);
+        Cr2Shape {
+            items: shape,
+            screen_tokens,
+            multi_token: screen_tokens && !one_token && (shape == Cr2Items::Teams || !fused),
+        }
+    }
+
+    /// Whether an insert of `n` tokens at `compress_ratio` runs a tile-major
+    /// kernel (where its layout has one): CR1 above [`SMALL_LAUNCH_ITEMS`]
+    /// tokens. At decode sizes a block's last warp would run both the NoPE
+    /// and the RoPE path, and CR2 writes only every other token, so neither
+    /// gains; the tile-major kernels are CR1 only (they skip the
+    /// compress-ratio test), whatever the policy forces.
+    pub fn insert_uses_tiles(&self, compress_ratio: u32, n: u64) -> bool {
+        compress_ratio == 1 && self.insert_tiles.unwrap_or(n > SMALL_LAUNCH_ITEMS)
+    }
+
+    /// The launch of an insert plan.
+    pub fn insert_launch(&self, p: &InsertPlan) -> Launch {
+        let tiles = insert_tiles_kernel(p.cache.layout)
+            .filter(|_| self.insert_uses_tiles(p.compress_ratio, p.n as u64));
+        Launch {
+            kernel: tiles.unwrap_or_else(|| insert_kernel(p.cache.layout)),
+            geometry: self.geometry(p.n as u64),
+        }
+    }
+
+    /// The launch of a `save_ring_rows` plan.
+    pub fn ring_rows_launch(&self, p: &RingRowsPlan) -> Launch {
+        Launch {
+            kernel: Kernel::SaveRingRows,
+            geometry: self.geometry(p.n as u64),
+        }
+    }
+
+    /// The launch of a compress plan's items (`fused`: of a fused plan): the
+    /// shape by [`LaunchPolicy::cr2_shape`] for CR2 (one group per item for
+    /// CR1), and `kernel`, the op's kernel for that shape.
+    fn compressor_launch(
+        &self,
+        p: &CompressPlan,
+        fused: bool,
+        kernel: impl Fn(Cr2Shape) -> Kernel,
+    ) -> Launch {
+        let items = compress_items(p);
+        let (n, reqs) = (p.n as u64, p.num_reqs() as u64);
+        let shape = if p.compress_ratio == 2 {
+            self.cr2_shape(n, reqs, fused)
+        } else {
+            Cr2Shape {
+                items: Cr2Items::Lone,
+                screen_tokens: false,
+                multi_token: false,
+            }
+        };
+        let team = |groups| {
+            if shape.screen_tokens {
+                screened_team_geometry(n, reqs, groups)
+            } else {
+                team_geometry(items, groups)
+            }
+        };
+        Launch {
+            kernel: kernel(shape),
+            geometry: match shape.items {
+                Cr2Items::Lone | Cr2Items::LoneHalves => self.geometry(items),
+                Cr2Items::Teams => team(CR2_TEAM_GROUPS),
+                Cr2Items::Pairs => team(CR2_PAIR_GROUPS),
+            },
+        }
+    }
+
+    /// The launch of a compress plan.
+    pub fn compress_launch(&self, p: &CompressPlan) -> Launch {
+        self.compressor_launch(p, false, |shape| match (shape.items, shape.multi_token) {
+            (Cr2Items::Lone, _) => compress_kernel(p.compress_ratio),
+            (Cr2Items::Teams, true) => Kernel::CompressCr2TeamMtp,
+            (Cr2Items::Teams, false) => Kernel::CompressCr2Team,
+            (Cr2Items::Pairs, true) => Kernel::CompressCr2PairMtp,
+            (Cr2Items::Pairs, false) => Kernel::CompressCr2Pair,
+            (Cr2Items::LoneHalves, _) => Kernel::CompressCr2Long,
+        })
+    }
+
+    /// The launch of a fused plan.
+    pub fn fused_launch(&self, p: &FusedPlan) -> Launch {
+        let layout = p.insert.cache.layout;
+        self.compressor_launch(&p.compress, true, |shape| {
+            match (shape.items, shape.multi_token) {
+                (Cr2Items::Lone, _) => fused_kernel(p.compress.compress_ratio, layout),
+                (Cr2Items::Teams, true) => fused_team_mtp_kernel(layout),
+                (Cr2Items::Teams, false) => fused_team_kernel(layout),
+                (Cr2Items::Pairs, _) => fused_pair_kernel(layout),
+                (Cr2Items::LoneHalves, _) => fused_long_kernel(layout),
+            }
+        })
+    }
+
+    /// A short description of what this policy runs on decode-sized cases,
+    /// for test and bench reports.
+    pub fn describe(&self) -> String {
+        let s = self.cr2_shape(1, 1, false);
+        let cr2 = match (s.items, s.screen_tokens) {
+            (Cr2Items::Teams, false) => "teams",
+            (Cr2Items::Teams, true) => "teams, tokens screened",
+            (Cr2Items::Pairs, false) => "pairs",
+            (Cr2Items::Pairs, true) => "pairs, tokens screened",
+            (Cr2Items::Lone, _) => "one group per item",
+            (Cr2Items::LoneHalves, _) => "one group per item, by halves",
+        };
+        let tiles = if self.insert_uses_tiles(1, 1) {
+            "tile-major where the layout has it"
+        } else {
+            "a token per group"
+        };
+        let gpb = self
+            .groups_per_block
+            .map_or("by size".to_string(), |g| g.to_string());
+        format!("CR2 kernels: {cr2}; CR1 inserts: {tiles}; groups per block: {gpb}")
+    }
+}
+
+/// Shape of a team launch: one block of `groups` groups per item.
+pub fn team_geometry(items: u64, groups: u32) -> Geometry {
+    Geometry {
+        grid: items.max(1) as u32,
+        block_threads: GROUP_LANES * groups,
+        groups_log2: groups.trailing_zeros(),
+        screen_tokens: false,
+        shared_bytes: CR2_POOLED_BYTES,
+    }
+}
+
+/// Shape of a screened team launch of `n` tokens in `num_reqs` requests:
+/// a block per request, and a block per `groups` tokens, with a pooled
+/// buffer and a closing position (8 bytes) per group.
+pub fn screened_team_geometry(n: u64, num_reqs: u64, groups: u32) -> Geometry {
+    Geometry {
+        screen_tokens: true,
+        shared_bytes: groups * (CR2_POOLED_BYTES + 8),
+        ..team_geometry(num_reqs + n.div_ceil(groups as u64), groups)
+    }
+}
+
+/// Whether at most one request in four has more than one token: the token
+/// items then mostly pool nothing (a one-token request's group is its
+/// request item's).
+fn mostly_one_token(n: u64, num_reqs: u64) -> bool {
+    4 * n <= 5 * num_reqs
+}
+
+/// Groups a compress (or fused) launch needs: CR2 adds one per request.
+pub fn compress_items(p: &CompressPlan) -> u64 {
+    p.n as u64 + p.num_reqs() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel_abi::BLOCK_THREADS;
+    use crate::layout::RecordLayout;
+
+    const M: LaunchPolicy = LaunchPolicy::MEASURED;
+
+    #[test]
+    fn from_env_reads_every_variable_and_rejects_bad_values() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(LaunchPolicy::from_lookup(env(&[])).unwrap(), M);
+        assert_eq!(
+            LaunchPolicy::from_lookup(env(&[("DSV4_KVCACHE_CR2_TEAMS", " ")])).unwrap(),
+            M
+        );
+        // Every mapping's label is the environment that builds it.
+        for (label, want) in LaunchPolicy::MAPPINGS.iter().skip(1) {
+            let vars: Vec<(String, String)> = label
+                .split_whitespace()
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').expect("VAR=value");
+                    (k.to_string(), v.to_string())
+                })
+                .collect();
+            let got = LaunchPolicy::from_lookup(|k| {
+                vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+            })
+            .unwrap();
+            assert_eq!(got, *want, "{label}");
+        }
+        for (var, bad) in [
+            ("DSV4_KVCACHE_GROUPS_PER_BLOCK", "3"),
+            ("DSV4_KVCACHE_CR2_TEAMS", "4"),
+            ("DSV4_KVCACHE_CR2_SCREEN", "yes"),
+            ("DSV4_KVCACHE_INSERT_TILES", "2"),
+        ] {
+            let r = LaunchPolicy::from_lookup(|k| (k == var).then(|| bad.to_string()));
+            assert!(
+                matches!(r, Err(Error::Value { arg, .. }) if arg == var),
+                "{var}={bad}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_mappings_reach_every_kernel() {
+        // Every kernel name a decode-sized case can reach under the eight
+        // mappings: the kernel choice depends on the policy, compress
+        // ratio, layout and the (n, requests) mix only.
+        let mut seen = std::collections::BTreeSet::new();
+        for (_, pol) in LaunchPolicy::MAPPINGS {
+            for (n, reqs) in [(1u64, 1u64), (8, 4), (6, 2), (2, 1)] {
+                for fused in [false, true] {
+                    let s = pol.cr2_shape(n, reqs, fused);
+                    for l in RecordLayout::ALL {
+                        let k = match (fused, s.items, s.multi_token) {
+                            (false, Cr2Items::Lone, _) => compress_kernel(2),
+                            (false, Cr2Items::Teams, true) => Kernel::CompressCr2TeamMtp,
+                            (false, Cr2Items::Teams, false) => Kernel::CompressCr2Team,
+                            (false, Cr2Items::Pairs, true) => Kernel::CompressCr2PairMtp,
+                            (false, Cr2Items::Pairs, false) => Kernel::CompressCr2Pair,
+                            (false, Cr2Items::LoneHalves, _) => Kernel::CompressCr2Long,
+                            (true, Cr2Items::Lone, _) => fused_kernel(2, l),
+                            (true, Cr2Items::Teams, true) => fused_team_mtp_kernel(l),
+                            (true, Cr2Items::Teams, false) => fused_team_kernel(l),
+                            (true, Cr2Items::Pairs, _) => fused_pair_kernel(l),
+                            (true, Cr2Items::LoneHalves, _) => fused_long_kernel(l),
+                        };
+                        seen.insert(k);
+                    }
+                }
+            }
+            for l in RecordLayout::ALL {
+                seen.insert(compress_kernel(1));
+                seen.insert(fused_kernel(1, l));
+                seen.insert(insert_kernel(l));
+                if pol.insert_uses_tiles(1, 1) {
+                    if let Some(k) = insert_tiles_kernel(l) {
+                        seen.insert(k);
+                    }
+                }
+            }
+            seen.insert(Kernel::SaveRingRows);
+        }
+        // The copy kernel is the bench's roofline, not an operation's.
+        seen.insert(Kernel::Copy);
+        // The reader's kernels (one per layout and output type).
+        for l in RecordLayout::ALL {
+            for f32 in [false, true] {
+                seen.insert(crate::gather::gather_kernel(l, f32));
+            }
+        }
+        let missing: Vec<_> = Kernel::ALL.iter().filter(|k| !seen.contains(*k)).collect();
+        assert!(missing.is_empty(), "no mapping launches {missing:?}");
+    }
+
+    #[test]
+    fn large_cr1_inserts_run_tile_major_where_the_layout_has_it() {
+        for pol in [
+            M,
+            LaunchPolicy {
+                insert_tiles: Some(true),
+                ..M
+            },
+        ] {
+            // CR2 never, forced or not: the kernels skip the compress-ratio test.
+            assert!(!pol.insert_uses_tiles(2, 1 << 20));
+            assert!(!pol.insert_uses_tiles(2, 1));
+        }
+        assert!(!M.insert_uses_tiles(1, SMALL_LAUNCH_ITEMS));
+        assert!(M.insert_uses_tiles(1, SMALL_LAUNCH_ITEMS + 1));
+        let off = LaunchPolicy {
+            insert_tiles: Some(false),
+            ..M
+        };
+        assert!(!off.insert_uses_tiles(1, 1 << 20));
+        assert_eq!(insert_tiles_kernel(RecordLayout::V4), None);
+        assert_eq!(insert_tiles_kernel(RecordLayout::Mxfp8), None);
+        for l in [
+            RecordLayout::Nvfp4,
+            RecordLayout::Bf16Rows,
+            RecordLayout::Fp8Rows,
+        ] {
+            assert!(insert_tiles_kernel(l).is_some());
+        }
+    }
+
+    #[test]
+    fn team_launches_are_one_block_of_whole_wavefronts_per_item() {
+        for groups in [CR2_TEAM_GROUPS, CR2_PAIR_GROUPS] {
+            for items in [1u64, 2, 33, 1 << 20] {
+                let g = team_geometry(items, groups);
+                assert_eq!(g.grid as u64, items);
+                assert_eq!(g.block_threads, GROUP_LANES * groups);
+                assert_eq!(1u32 << g.groups_log2, groups);
+                assert_eq!(g.block_threads % 64, 0);
+                assert!(g.block_threads <= BLOCK_THREADS);
+            }
+        }
+        use Cr2Items::*;
+        for fused in [false, true] {
+            let items = |n, reqs| M.cr2_shape(n, reqs, fused).items;
+            // Decode batches of one-token requests: teams, then pairs.
+            let one_token = |t: u64| items(t, t);
+            assert_eq!(one_token(1), Teams);
+            assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2), Teams);
+            assert_eq!(one_token(CR2_TEAM_MAX_ITEMS / 2 + 1), Pairs);
+            assert_eq!(one_token(1 << 16), Pairs);
+            assert_eq!(items(5000, 4000), Pairs);
+            // Other decode batches (half the tokens start a chunk): teams
+            // at every size.
+            assert_eq!(items(4000, 2000), Teams);
+            assert_eq!(items(8000, 4000), Teams);
+            assert_eq!(items(1 << 16, 1 << 15), Teams);
+            // Long chunks: teams (screened above 1024 items) up to their
+            // limit, then lone groups, then lone groups by halves; never
+            // pairs.
+            assert_eq!(items(16, 4), Teams);
+            assert_eq!(items(1020, 4), Teams);
+            assert_eq!(items(2556, 4), Teams);
+            assert_eq!(items(2557, 4), Lone);
+            assert_eq!(items(3068, 4), Lone);
+            assert_eq!(items(3069, 4), LoneHalves);
+            assert_eq!(items(4000, 1999), LoneHalves);
+            assert_eq!(items(16384, 4), LoneHalves);
+            // A forced mapping wins at every size.
+            for forced in [Lone, Teams, Pairs, LoneHalves] {
+                let pol = LaunchPolicy {
+                    cr2_items: Some(forced),
+                    ..M
+                };
+                for (n, reqs) in [(1u64, 1u64), (1 << 16, 4), (1 << 16, 1 << 16)] {
+                    assert_eq!(pol.cr2_shape(n, reqs, fused).items, forced);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn geometry_covers_every_item_with_whole_wavefronts() {
+        for forced in [None, Some(2), Some(4), Some(8)] {
+            let pol = LaunchPolicy {
+                groups_per_block: forced,
+                ..M
+            };
+            for items in [0u64, 1, 2, 3, 16, 2047, 2048, 2049, 65536, 1 << 24] {
+                let g = pol.geometry(items);
+                let gpb = 1u64 << g.groups_log2;
+                assert_eq!(g.block_threads as u64, gpb * GROUP_LANES as u64);
+                assert_eq!(
+                    g.block_threads % 64,
+                    0,
+                    "a block is whole 64-lane wavefronts"
+                );
+                assert!(
+                    g.block_threads <= BLOCK_THREADS,
+                    "kernels are built for at most {BLOCK_THREADS}"
+                );
+                assert!(g.grid >= 1);
+                // Every item has a group, and no block is wholly idle.
+                assert!(g.grid as u64 * gpb >= items);
+                assert!((g.grid as u64 - 1) * gpb < items.max(1));
+                let measured = if items <= SMALL_LAUNCH_ITEMS {
+                    SMALL_GROUPS_PER_BLOCK
+                } else {
+                    GROUPS_PER_BLOCK
+                };
+                assert_eq!(gpb, forced.unwrap_or(measured) as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn screened_team_launches_cover_every_request_and_token() {
+        for groups in [CR2_TEAM_GROUPS, CR2_PAIR_GROUPS] {
+            for (n, reqs) in [(1u64, 1u64), (512, 512), (513, 500), (1 << 14, 1 << 14)] {
+                let g = screened_team_geometry(n, reqs, groups);
+                assert!(g.screen_tokens);
+                assert_eq!(g.block_threads, GROUP_LANES * groups);
+                // A block per request, then one per `groups` tokens; none
+                // wholly idle.
+                let token_blocks = g.grid as u64 - reqs;
+                assert!(token_blocks * groups as u64 >= n);
+                assert!((token_blocks - 1) * (groups as u64) < n);
+                // A pooled buffer and a closing position per group (the
+                // kernel's kv_cr2_token_block), 8-byte aligned.
+                assert_eq!(g.shared_bytes, groups * (CR2_POOLED_BYTES + 8));
+                assert_eq!((groups * CR2_POOLED_BYTES) % 8, 0);
+            }
+            assert_eq!(team_geometry(7, groups).shared_bytes, CR2_POOLED_BYTES);
+        }
+        assert_eq!(M.geometry(7).shared_bytes, 0);
+        for fused in [false, true] {
+            let screens = |n, reqs| M.cr2_shape(n, reqs, fused).screen_tokens;
+            // One-token requests from 512 items (256 tokens) on.
+            assert!(!screens(255, 255));
+            assert!(screens(256, 256));
+            assert!(screens(1 << 16, 1 << 16));
+            // At most one request in four with a second token: from 512
+            // items.
+            assert!(screens(1250, 1000));
+            assert!(screens(260, 252));
+            assert!(!screens(256, 255));
+            // Other decode batches from 1536 items on.
+            assert!(screens(1251, 1000));
+            assert!(screens(1024, 512));
+            assert!(screens(2048, 1024));
+            assert!(screens(8000, 4000));
+            assert!(!screens(1022, 511));
+            assert!(!screens(400, 300));
+            // Long chunks in screened teams above 1024 items, up to 2560;
+            // lone groups never screen.
+            assert!(!screens(1020, 4));
+            assert!(screens(1021, 4));
+            assert!(screens(2556, 4));
+            assert!(!screens(2557, 4));
+            assert!(!screens(4096, 4));
+            assert!(!screens(1 << 16, 4));
+        }
+        // The multi-token kernels: screened launches that are not mostly
+        // one-token requests (fused ones in teams).
+        for fused in [false, true] {
+            let mtp = |n, reqs| M.cr2_shape(n, reqs, fused).multi_token;
+            assert!(mtp(1024, 512));
+            assert!(mtp(1 << 16, 1 << 15));
+            assert!(mtp(2048, 4));
+            assert!(!mtp(1022, 511));
+            assert!(!mtp(1 << 14, 1 << 14));
+            assert!(!mtp(1250, 1000));
+            assert!(!mtp(4096, 4));
+        }
+        // Lone groups never screen, whatever is asked.
+        for pol in LaunchPolicy::MAPPINGS.map(|(_, p)| p) {
+            for (n, reqs) in [(1u64, 1u64), (1 << 16, 4), (2000, 1500), (1 << 16, 1 << 16)] {
+                for fused in [false, true] {
+                    let s = pol.cr2_shape(n, reqs, fused);
+                    assert!(
+                        matches!(s.items, Cr2Items::Teams | Cr2Items::Pairs) || !s.screen_tokens
+                    );
+                    assert!(s.screen_tokens || !s.multi_token);
+                }
+            }
+        }
+        // Forced screening applies to teams and pairs at every size.
+        let on = LaunchPolicy {
+            cr2_screen: Some(true),
+            ..M
+        };
+        assert!(on.cr2_shape(1, 1, false).screen_tokens);
+        let off = LaunchPolicy {
+            cr2_screen: Some(false),
+            ..M
+        };
+        assert!(!off.cr2_shape(1 << 16, 1 << 16, false).screen_tokens);
+    }
+}

@@ -1,0 +1,446 @@
+//! The same bad call gives the same error on every backend: the CPU
+//! reference, the GPU backend over a stand-in driver with no GPU (host
+//! memory, launches recorded instead of run; runs everywhere, CI included)
+//! and, where a device is present, CUDA and HIP. Error cases must also
+//! write nothing. The raw entry points check in one order on every GPU
+//! backend: the plan, then each address in argument order, then the
+//! counters. The stand-in also shows the launch policy choosing kernels.
+
+mod common;
+#[path = "gpu_required/mod.rs"]
+mod gpu_required;
+
+use common::{all_kinds, random_case, run_case_mut, Buf, Case, Outputs};
+use dsv4_kvcache::backend::gpu::{DeviceFacts, Driver, GpuBackend};
+use dsv4_kvcache::backend::{RawDevice, RawStream};
+use dsv4_kvcache::detect::SanitizePolicy;
+use dsv4_kvcache::kernel_abi::Kernel;
+use dsv4_kvcache::launch::{Cr2Items, LaunchPolicy};
+use dsv4_kvcache::{
+    Backend, CpuBackend, DType, Error, InsertArgs, RecordLayout, Result, Tensor, TensorDesc,
+    TensorMut,
+};
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+/// A driver with no GPU: memory is host memory (16-byte aligned), copies
+/// are `memcpy`, and a launch records its kernel's name instead of running.
+struct Stand {
+    facts: DeviceFacts,
+    launched: Mutex<Vec<&'static str>>,
+}
+
+impl Stand {
+    fn new() -> Self {
+        Stand {
+            facts: DeviceFacts {
+                ordinal: 0,
+                name: "stand-in".into(),
+                arch: "none".into(),
+                warp_size: 32,
+                total_memory: None,
+            },
+            launched: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+// SAFETY: nothing runs on a device; memory is host memory owned by the
+// returned boxes, and every copy stays inside the ranges the backend checked.
+unsafe impl Driver for Stand {
+    const BACKEND: &'static str = "stand-in";
+    type Function = usize;
+    type Memory = Box<[u128]>;
+    type Event = ();
+    type Graph = ();
+
+    fn facts(&self) -> &DeviceFacts {
+        &self.facts
+    }
+    fn sanitize_for(&self, policy: SanitizePolicy) -> bool {
+        policy == SanitizePolicy::On
+    }
+    fn stream(&self) -> RawStream {
+        RawStream(1)
+    }
+    fn function(&self, kernel: Kernel) -> Result<usize> {
+        Ok(kernel.index())
+    }
+    fn alloc(&self, len: usize) -> Result<(Box<[u128]>, u64)> {
+        let m = vec![0u128; len.div_ceil(16).max(1)].into_boxed_slice();
+        let p = m.as_ptr() as u64;
+        Ok((m, p))
+    }
+    unsafe fn memset(&self, dst: u64, value: u8, len: usize, _: RawStream) -> Result<()> {
+        std::ptr::write_bytes(dst as *mut u8, value, len);
+        Ok(())
+    }
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8], _: RawStream) -> Result<()> {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len());
+        Ok(())
+    }
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, _: RawStream) -> Result<()> {
+        std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
+        Ok(())
+    }
+    unsafe fn copy_on_device(&self, dst: u64, src: u64, len: usize, _: RawStream) -> Result<()> {
+        std::ptr::copy(src as *const u8, dst as *mut u8, len);
+        Ok(())
+    }
+    fn synchronize(&self, _: RawStream) -> Result<()> {
+        Ok(())
+    }
+    unsafe fn launch(
+        &self,
+        function: usize,
+        grid: u32,
+        block: u32,
+        _shared_bytes: u32,
+        _stream: RawStream,
+        params: *mut c_void,
+    ) -> Result<()> {
+        assert!(grid >= 1 && block >= 32 && !params.is_null());
+        self.launched
+            .lock()
+            .unwrap()
+            .push(Kernel::ALL[function].name());
+        Ok(())
+    }
+    fn begin_capture(&self) -> Result<()> {
+        Ok(())
+    }
+    fn end_capture(&self) -> Result<Option<()>> {
+        Ok(Some(()))
+    }
+    unsafe fn launch_graph(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn create_event(&self) -> Result<()> {
+        Ok(())
+    }
+    fn record_event(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn elapsed_ms(&self, _: &(), _: &()) -> Result<f32> {
+        Ok(0.0)
+    }
+}
+
+fn stand_in() -> GpuBackend<Stand> {
+    GpuBackend::with_policies(Stand::new(), SanitizePolicy::Off, LaunchPolicy::MEASURED)
+        .expect("the stand-in opens")
+}
+
+/// A bad variant of `c`: `which` picks the breakage, each the kind of thing
+/// validation rejects (a wrong dtype, a short index tensor, a view past the
+/// end of its buffer, a bad compress ratio, float slots).
+fn broken(c: &Case, which: u64) -> Case {
+    let mut c = c.clone();
+    fn first(c: &mut Case) -> &mut Buf {
+        [
+            &mut c.kv_score,
+            &mut c.latent,
+            &mut c.rows,
+            &mut c.cos_sin_cache,
+            &mut c.kv_cache,
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        .unwrap_or(&mut c.slot_mapping)
+    }
+    match which % 5 {
+        0 => {
+            let b = first(&mut c);
+            let dt = if b.desc.dtype == DType::U8 {
+                DType::I32
+            } else {
+                DType::U8
+            };
+            b.desc = TensorDesc::strided(dt, b.desc.shape(), b.desc.strides())
+                .expect("a view")
+                .with_offset(b.desc.offset);
+        }
+        1 => {
+            let n = c.n();
+            let s = &mut c.slot_mapping;
+            s.desc = TensorDesc::contiguous(s.desc.dtype, &[n + 1]).with_offset(s.desc.offset);
+        }
+        2 => {
+            let b = first(&mut c);
+            let off = b.bytes.len() - b.desc.dtype.size();
+            b.desc = b.desc.with_offset(off - off % 64);
+        }
+        3 => c.compress_ratio = 3,
+        _ => {
+            let s = &mut c.slot_mapping;
+            s.desc = TensorDesc::strided(DType::F32, s.desc.shape(), s.desc.strides())
+                .expect("a view")
+                .with_offset(s.desc.offset);
+        }
+    }
+    c.name = format!("{} broken #{}", c.name, which % 5);
+    c
+}
+
+/// Valid and broken cases of every kind.
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for (k, kind) in all_kinds().into_iter().enumerate().step_by(3) {
+        let c = random_case(k as u64, kind);
+        for which in 0..5 {
+            out.push(broken(&c, which + k as u64));
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The results (and, for errors, every output byte: nothing was written)
+/// of `b` agree with the CPU reference's on every case; returns how many
+/// cases were errors.
+fn agree_with_cpu<B: Backend>(b: &mut B, all: &[Case]) -> usize {
+    let mut cpu = CpuBackend::new();
+    let mut errors = 0;
+    for c in all {
+        let want: Outputs = run_case_mut(&mut cpu, c);
+        let got = run_case_mut(b, c);
+        assert_eq!(got.result, want.result, "{} on {}", c.name, b.name());
+        if want.result.is_err() {
+            errors += 1;
+            assert!(got == want, "{}: {} wrote after an error", c.name, b.name());
+        }
+    }
+    errors
+}
+
+#[test]
+fn stand_in_gives_the_cpu_errors_and_writes_nothing() {
+    let all = cases();
+    let errors = agree_with_cpu(&mut stand_in(), &all);
+    assert!(errors * 2 > all.len(), "most cases are broken ({errors})");
+    assert!(errors < all.len(), "some cases are valid");
+}
+
+#[test]
+fn cuda_gives_the_cpu_errors() {
+    #[cfg(feature = "cuda")]
+    match dsv4_kvcache::CudaBackend::new(0) {
+        Ok(mut b) => {
+            agree_with_cpu(&mut b, &cases());
+            assert_eq!(
+                signatures(&raw_errors(&b)),
+                signatures(&raw_errors(&stand_in()))
+            );
+        }
+        Err(e) => gpu_required::skip_or_fail(
+            "cuda_gives_the_cpu_errors",
+            "cuda",
+            dsv4_kvcache::backend::cuda::CudaDriver::library_present(),
+            &e,
+        ),
+    }
+    #[cfg(not(feature = "cuda"))]
+    gpu_required::skip_or_fail(
+        "cuda_gives_the_cpu_errors",
+        "cuda",
+        false,
+        &"no `cuda` feature",
+    );
+}
+
+#[test]
+fn hip_gives_the_cpu_errors() {
+    #[cfg(feature = "hip")]
+    match dsv4_kvcache::HipBackend::new(0) {
+        Ok(mut b) => {
+            agree_with_cpu(&mut b, &cases());
+            assert_eq!(
+                signatures(&raw_errors(&b)),
+                signatures(&raw_errors(&stand_in()))
+            );
+        }
+        Err(e) => gpu_required::skip_or_fail(
+            "hip_gives_the_cpu_errors",
+            "hip",
+            dsv4_kvcache::backend::hip::HipDriver::library_present(),
+            &e,
+        ),
+    }
+    #[cfg(not(feature = "hip"))]
+    gpu_required::skip_or_fail(
+        "hip_gives_the_cpu_errors",
+        "hip",
+        false,
+        &"no `hip` feature",
+    );
+}
+
+const N: usize = 4;
+const MAX_POS: usize = 16;
+const BLOCKS: usize = 2;
+const BLOCK: usize = 4;
+
+/// The errors of a fixed list of bad raw MXFP8 inserts on `b`, over its own
+/// (zeroed) memory: a shape error the plan finds, null and misaligned
+/// addresses (two at once: the first argument in declaration order is
+/// reported), bad counters, and a shape error together with a null address
+/// (the plan's error comes first).
+fn raw_errors<D: Driver>(b: &GpuBackend<D>) -> Vec<Error> {
+    let latent = b.alloc_zeroed(N * 512 * 2).unwrap();
+    let idx = b.alloc_zeroed(N * 4).unwrap();
+    let cos = b.alloc_zeroed(MAX_POS * 64 * 4).unwrap();
+    let cache = b.alloc_zeroed(BLOCKS * BLOCK * 528).unwrap();
+    let d = |dt, shape: &[usize]| TensorDesc::contiguous(dt, shape);
+    let run = |latent: RawDevice, pos: RawDevice, n_pos: usize, mut cache: RawDevice, counters| {
+        let slots = idx.as_raw();
+        let cos = cos.as_raw();
+        let args = InsertArgs {
+            latent: Tensor::new(&latent, d(DType::BF16, &[N, 512])),
+            positions: Tensor::new(&pos, d(DType::I32, &[n_pos])),
+            cos_sin_cache: Tensor::new(&cos, d(DType::F32, &[MAX_POS, 64])),
+            kv_cache: TensorMut::new(&mut cache, d(DType::U8, &[BLOCKS, BLOCK, 528])),
+            slot_mapping: Tensor::new(&slots, d(DType::I32, &[N])),
+            compress_ratio: 1,
+            fp8_scale: None,
+        };
+        // SAFETY: every call below is refused before anything is launched.
+        unsafe { b.rope_quant_insert_raw(&args, b.stream(), counters) }.expect_err("a bad raw call")
+    };
+    let (lat, pos, cch) = (latent.as_raw(), idx.as_raw(), cache.as_raw());
+    let null = |r: RawDevice| RawDevice::new(0, r.len);
+    let shifted = |r: RawDevice, by| RawDevice::new(r.ptr + by, r.len);
+    vec![
+        run(lat, pos, N - 1, cch, None),
+        run(null(lat), pos, N, null(cch), None),
+        run(lat, pos, N, shifted(cch, 8), None),
+        run(shifted(lat, 4), shifted(pos, 2), N, cch, None),
+        run(lat, pos, N, cch, Some(0)),
+        run(lat, pos, N, cch, Some(cch.ptr + 2)),
+        run(null(lat), pos, N - 1, cch, None),
+    ]
+}
+
+/// Each error's variant and argument (messages may name device addresses,
+/// which differ between backends).
+fn signatures(errs: &[Error]) -> Vec<(&'static str, &'static str)> {
+    errs.iter()
+        .map(|e| match e {
+            Error::Shape { arg, .. } => ("shape", *arg),
+            Error::Value { arg, .. } => ("value", *arg),
+            Error::OutOfBounds { arg, .. } => ("bounds", *arg),
+            other => panic!("unexpected error {other}"),
+        })
+        .collect()
+}
+
+#[test]
+fn raw_entry_points_check_in_one_order() {
+    let errs = raw_errors(&stand_in());
+    assert_eq!(
+        signatures(&errs),
+        [
+            ("shape", "positions"),
+            ("value", "latent"),
+            ("shape", "kv_cache"),
+            ("shape", "latent"),
+            ("value", "raw_counters"),
+            ("shape", "raw_counters"),
+            ("shape", "positions"),
+        ]
+    );
+    // The plan's error is the CPU's for the same views.
+    let cpu = CpuBackend::new();
+    let lat = cpu.upload(&vec![0; N * 1024]).unwrap();
+    let idx = cpu.upload(&[0; N * 4]).unwrap();
+    let cos = cpu.upload(&vec![0; MAX_POS * 256]).unwrap();
+    let mut cache = cpu.upload(&vec![0; BLOCKS * BLOCK * 528]).unwrap();
+    let d = |dt, shape: &[usize]| TensorDesc::contiguous(dt, shape);
+    let e = cpu
+        .rope_quant_insert(InsertArgs {
+            latent: Tensor::new(&lat, d(DType::BF16, &[N, 512])),
+            positions: Tensor::new(&idx, d(DType::I32, &[N - 1])),
+            cos_sin_cache: Tensor::new(&cos, d(DType::F32, &[MAX_POS, 64])),
+            kv_cache: TensorMut::new(&mut cache, d(DType::U8, &[BLOCKS, BLOCK, 528])),
+            slot_mapping: Tensor::new(&idx, d(DType::I32, &[N])),
+            compress_ratio: 1,
+            fp8_scale: None,
+        })
+        .unwrap_err();
+    assert_eq!(e, errs[0]);
+}
+
+#[test]
+fn buffers_of_another_backend_are_refused_by_name() {
+    let (a, b) = (stand_in(), stand_in());
+    let mut mine = a.alloc_zeroed(64).unwrap();
+    let theirs = b.alloc_zeroed(64).unwrap();
+    assert!(matches!(
+        a.read(&theirs),
+        Err(Error::Value { arg: "read", .. })
+    ));
+    assert!(matches!(
+        a.copy(&theirs, &mut mine, 8),
+        Err(Error::Value { arg: "src", .. })
+    ));
+    // In a launch, the first foreign tensor in argument order is named.
+    let lat = a.alloc_zeroed(N * 1024).unwrap();
+    let idx = a.alloc_zeroed(N * 4).unwrap();
+    let cos = b.alloc_zeroed(MAX_POS * 256).unwrap();
+    let mut cache = b.alloc_zeroed(BLOCKS * BLOCK * 528).unwrap();
+    let d = |dt, shape: &[usize]| TensorDesc::contiguous(dt, shape);
+    let e = a
+        .rope_quant_insert(InsertArgs {
+            latent: Tensor::new(&lat, d(DType::BF16, &[N, 512])),
+            positions: Tensor::new(&idx, d(DType::I32, &[N])),
+            cos_sin_cache: Tensor::new(&cos, d(DType::F32, &[MAX_POS, 64])),
+            kv_cache: TensorMut::new(&mut cache, d(DType::U8, &[BLOCKS, BLOCK, 528])),
+            slot_mapping: Tensor::new(&idx, d(DType::I32, &[N])),
+            compress_ratio: 1,
+            fp8_scale: None,
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Value {
+                arg: "cos_sin_cache",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(a.driver().launched.lock().unwrap().is_empty());
+}
+
+#[test]
+fn the_launch_policy_picks_the_kernel() {
+    use common::{Kind, Op};
+    let c = random_case(
+        7,
+        Kind::new(Op::FusedCompressInsert, 2, RecordLayout::Nvfp4),
+    );
+    let mut b = stand_in();
+    let run = |b: &mut GpuBackend<Stand>, p: LaunchPolicy| {
+        b.set_launch_policy(p);
+        assert_eq!(b.launch_policy(), p);
+        b.driver().launched.lock().unwrap().clear();
+        assert_eq!(run_case_mut(b, &c).result, Ok(()));
+        b.driver().launched.lock().unwrap().clone()
+    };
+    let measured = run(&mut b, LaunchPolicy::MEASURED);
+    assert_eq!(measured.len(), 1, "{measured:?}");
+    for (items, kernel) in [
+        (Cr2Items::Lone, "kv_fused_cr2_nvfp4"),
+        (Cr2Items::Teams, "kv_fused_cr2_team_nvfp4"),
+        (Cr2Items::Pairs, "kv_fused_cr2_pair_nvfp4"),
+        (Cr2Items::LoneHalves, "kv_fused_cr2_long_nvfp4"),
+    ] {
+        let p = LaunchPolicy {
+            cr2_items: Some(items),
+            cr2_screen: Some(false),
+            ..LaunchPolicy::MEASURED
+        };
+        assert_eq!(run(&mut b, p), [kernel]);
+    }
+}
