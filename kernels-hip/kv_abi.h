@@ -94,6 +94,32 @@ struct KvFusedParams {
     KvInsertParams insert;      // the insert part (its latent is the compressor's)
 };
 
+// gather_dequant (src/gather.rs, kv_gather.h): the record each output row
+// reads comes from slots (slot form) or block_table, cu_seq_lens and
+// seq_starts (block-table form, KV_GF_BLOCK_TABLE).
+struct KvGatherParams {
+    const uint8_t* cache;     // the cache view's first byte
+    const void* slots;        // slot_mapping (I32 or I64: flags)
+    const void* block_table;  // block_table (I32 or I64: flags)
+    const void* cu_seq_lens;  // cu_seq_lens (I32 or I64: flags)
+    const void* seq_starts;   // seq_starts (I32 or I64: flags), null when absent
+    const float* fp8_scale;   // fp8_scale (FP8 rows)
+    void* out;                // out (BF16 or F32: the kernel)
+    unsigned* counters;       // skip counters: slot, position, index
+    int32_t out_row_stride;   // out row stride
+    int32_t block_stride;     // bytes between cache blocks
+    int32_t row_stride;       // bytes between rows (row layouts)
+    int32_t num_blocks;       // cache blocks
+    int32_t block_size;       // rows per block
+    int32_t block_shift;      // log2(block_size), or -1 when not a power of two
+    int32_t n;                // output rows processed
+    int32_t num_reqs;         // requests (block-table form)
+    int32_t table_row_stride;  // block_table row stride
+    int32_t max_blocks;       // block_table columns
+    uint32_t flags;           // the gather flag bits below, groups per block
+    uint32_t pad;             // padding to 8 bytes
+};
+
 // ---- flag bits -------------------------------------------------------------
 
 #define KV_F_POS_I64 1u
@@ -109,6 +135,16 @@ struct KvFusedParams {
 #define KV_F_SCREEN_TOKENS 512u
 // Bits 12..14: log2 of the groups in a block (the host picks the block size).
 #define KV_F_GROUPS_LOG2_SHIFT 12u
+
+// KvGatherParams.flags (bits 12..14 hold the groups per block, as above).
+#define KV_GF_BLOCK_TABLE 1u
+#define KV_GF_SLOT_I64 2u
+#define KV_GF_TABLE_I64 4u
+#define KV_GF_CU_I64 8u
+#define KV_GF_STARTS_I64 16u
+#define KV_GF_HAS_STARTS 32u
+// Each group gathers two consecutive output rows.
+#define KV_GF_TWO_ROWS 64u
 
 #define KV_LAYOUT_V4 0
 #define KV_LAYOUT_MXFP8 1
@@ -177,7 +213,17 @@ struct KvFusedParams {
     X(kv_fused_cr2_team_mtp_nvfp4, KvFusedParams)      \
     X(kv_fused_cr2_team_mtp_bf16, KvFusedParams)       \
     X(kv_fused_cr2_team_mtp_fp8, KvFusedParams)        \
-    X(kv_copy, KvCopyParams)
+    X(kv_copy, KvCopyParams)                           \
+    X(kv_gather_v4_bf16, KvGatherParams)               \
+    X(kv_gather_v4_f32, KvGatherParams)                \
+    X(kv_gather_mxfp8_bf16, KvGatherParams)            \
+    X(kv_gather_mxfp8_f32, KvGatherParams)             \
+    X(kv_gather_nvfp4_bf16, KvGatherParams)            \
+    X(kv_gather_nvfp4_f32, KvGatherParams)             \
+    X(kv_gather_bf16_bf16, KvGatherParams)             \
+    X(kv_gather_bf16_f32, KvGatherParams)              \
+    X(kv_gather_fp8_bf16, KvGatherParams)              \
+    X(kv_gather_fp8_f32, KvGatherParams)
 
 // Field offsets computed by build.rs from the structs above, checked against
 // this compiler's layout (the Rust structs are checked against the same

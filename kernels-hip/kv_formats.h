@@ -97,3 +97,53 @@ KV_DEVICE uint32_t kv_e2m1_magnitude_bits(float q) {
     float c3 = kv_fmaf(q, 0.5f, M + 4.0f);
     return kv_f2u(kv_fmin_nan_ignoring(kv_fmin_nan_ignoring(c1, c2), kv_fmin_nan_ignoring(c3, M + 7.0f)));
 }
+
+// ---- decoders (the reader, kv_gather.h) ----------------------------------
+
+// e4m3fn -> f32, exact; 0x7F / 0xFF -> the quiet NaN. The code's exponent
+// and mantissa under f32's are a number exactly 2^120 too small (a
+// subnormal code lands on an f32 subnormal), so one exact multiplication
+// finishes both kinds; the sign rides along (0x80 -> -0).
+KV_DEVICE float kv_e4m3_to_f32(uint32_t c) {
+    float v = kv_u2f(((c & 0x80u) << 24) | ((c & 0x7fu) << 20)) * kv_pow2(120);
+    return (c & 0x7fu) == 0x7fu ? kv_u2f(0x7fc00000u) : v;
+}
+
+// e2m1 code (low 4 bits) -> f32, exact, the same construction 2^126 too small.
+KV_DEVICE float kv_e2m1_to_f32(uint32_t c) {
+    return kv_u2f(((c & 8u) << 28) | ((c & 7u) << 22)) * kv_pow2(126);
+}
+
+// UE8M0 -> 2^(b - 127): 1..254 are a normal f32's exponent bits, 0 is the
+// subnormal 2^-127, 255 the quiet NaN.
+KV_DEVICE float kv_ue8m0_to_f32(uint32_t b) {
+    uint32_t bits = b == 0u ? 0x00400000u : (b << 23);
+    return kv_u2f(b == 255u ? 0x7fc00000u : bits);
+}
+
+// The BF16 written for a BF16 value: itself, every NaN as 0x7FFF
+// (= kv_bf16_from_f32(kv_bf16_to_f32(h))).
+KV_DEVICE uint32_t kv_bf16_canonical(uint32_t h) { return (h & 0x7fffu) > 0x7f80u ? 0x7fffu : h; }
+
+// The bits written for an F32 output: x itself, every NaN as 0x7FC00000.
+KV_DEVICE uint32_t kv_f32_canonical(float x) {
+    uint32_t b = kv_f2u(x);
+    return (b & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : b;
+}
+
+// ---- the reader's shortcuts (formats.rs proves them over their domains) --
+
+// e4m3(c) * 2^(b - 127) for a non-NaN code and 3 <= b <= 134: exact, one
+// multiplication by the normal 2^(b - 7), low 16 bits zero.
+KV_DEVICE float kv_e4m3_scaled_pow2(uint32_t c, uint32_t b) {
+    return kv_u2f(((c & 0x80u) << 24) | ((c & 0x7fu) << 20)) * kv_pow2((int)b - 7);
+}
+
+// Whether a byte of w is an e4m3 NaN: a zero byte of ~w & 0x7F7F7F7F.
+KV_DEVICE bool kv_e4m3_nan_in_word(uint32_t w) {
+    uint32_t v = ~w & 0x7f7f7f7fu;
+    return ((v - 0x01010101u) & 0x80808080u) != 0u;
+}
+
+// Whether a BF16 half of w is a NaN (magnitude above 0x7F80).
+KV_DEVICE bool kv_bf16_nan_in_word(uint32_t w) { return (((w & 0x7fff7fffu) + 0x007f007fu) & 0x80008000u) != 0u; }

@@ -1182,6 +1182,9 @@ KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_copy(const KvCopyParams p) 
     for (; i < p.units; i += stride) dst[i] = src[i];
 }
 
+// The reader (gather_dequant).
+#include "kv_gather.h"
+
 // Every kernel of the list (kv_abi.h) declared again with its parameter
 // block: a definition above that takes another block does not compile.
 #define KV_DECLARE_KERNEL(name, params) KV_KERNEL void name(const params p);

@@ -1,10 +1,10 @@
 //! Bit-exact number formats: BF16, FP8 e4m3fn, FP4 e2m1 and UE8M0.
 //!
-//! Every encoder here has a line-by-line twin in `kernels-hip/kv_formats.h`
-//! (`bf16_from_f32` ↔ `kv_bf16_from_f32`, and so on). They are written with
-//! integer operations on the IEEE bits so that no platform conversion
-//! instruction (whose NaN and saturation rules differ between vendors) is
-//! involved.
+//! Every encoder and decoder here has a line-by-line twin in
+//! `kernels-hip/kv_formats.h` (`bf16_from_f32` ↔ `kv_bf16_from_f32`, and so
+//! on). They are written with integer operations on the IEEE bits so that
+//! no platform conversion instruction (whose NaN and saturation rules differ
+//! between vendors) is involved.
 
 /// f32 → BF16 bits, round to nearest even. Overflow rounds to ±infinity.
 ///
@@ -87,20 +87,20 @@ fn e4m3_subnormal_code(a: u32) -> u8 {
     (q + up) as u8
 }
 
-/// FP8 e4m3fn → f32 (exact). `0x7F` and `0xFF` are NaN.
+/// FP8 e4m3fn → f32 (exact). `0x7F` and `0xFF` are NaN (`f32::NAN`).
+///
+/// Built from the bits, as `kv_e4m3_to_f32` does: the code's exponent and
+/// mantissa moved under f32's read as a number exactly 2^120 too small (a
+/// subnormal code lands on an f32 subnormal, so both kinds share the
+/// formula), then one exact multiplication by 2^120. The sign rides along,
+/// so `0x80` gives `-0.0`.
 #[inline]
 pub fn e4m3_to_f32(c: u8) -> f32 {
-    let sign = if c & 0x80 != 0 { -1.0f32 } else { 1.0 };
-    let e = ((c >> 3) & 0xf) as i32;
-    let m = (c & 7) as f32;
-    if e == 0xf && (c & 7) == 7 {
+    let c = c as u32;
+    if c & 0x7f == 0x7f {
         return f32::NAN;
     }
-    if e == 0 {
-        sign * m * (1.0 / 512.0)
-    } else {
-        sign * (1.0 + m / 8.0) * pow2(e - 7)
-    }
+    f32::from_bits(((c & 0x80) << 24) | ((c & 0x7f) << 20)) * pow2(120)
 }
 
 /// The value `s` of an NVFP4 tile scale code (a positive, finite, non-zero
@@ -155,27 +155,93 @@ pub fn e2m1_from_f32(q: f32) -> u8 {
     (sign | (e2m1_magnitude_bits(q.abs()) & 7)) as u8
 }
 
-/// FP4 e2m1 code (low 4 bits) → f32.
+/// FP4 e2m1 code (low 4 bits) → f32 (exact; code 8 is `-0.0`).
+///
+/// As [`e4m3_to_f32`], from the bits (twin `kv_e2m1_to_f32`): the two
+/// exponent bits and the mantissa bit moved under f32's are a number 2^126
+/// too small (codes 0 and 1 an f32 subnormal), then one exact
+/// multiplication.
 #[inline]
 pub fn e2m1_to_f32(c: u8) -> f32 {
-    const MAG: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
-    let m = MAG[(c & 7) as usize];
-    if c & 8 != 0 {
-        -m
-    } else {
-        m
+    let c = c as u32;
+    f32::from_bits(((c & 8) << 28) | ((c & 7) << 22)) * pow2(126)
+}
+
+/// UE8M0 scale byte → f32: `2^(b - 127)`; 255 is NaN (`f32::NAN`).
+///
+/// Bytes 1..=254 are the exponent bits of a normal f32, byte 0 is the
+/// subnormal 2^-127 (twin `kv_ue8m0_to_f32`).
+#[inline]
+pub fn ue8m0_to_f32(b: u8) -> f32 {
+    match b {
+        0 => f32::from_bits(0x0040_0000),
+        255 => f32::NAN,
+        _ => f32::from_bits((b as u32) << 23),
     }
 }
 
-/// UE8M0 scale byte → f32: `2^(b - 127)`; 255 is NaN.
+/// The BF16 that the reader writes for a BF16 value `h`:
+/// `bf16_from_f32(bf16_to_f32(h))`, i.e. `h` itself, or `0x7FFF` for every
+/// NaN (twin `kv_bf16_canonical`).
 #[inline]
-pub fn ue8m0_to_f32(b: u8) -> f32 {
-    if b == 255 {
-        f32::NAN
+pub fn bf16_canonical(h: u16) -> u16 {
+    if h & 0x7fff > 0x7f80 {
+        0x7fff
     } else {
-        // 2^-127 is subnormal; compute in f64 to stay exact.
-        (2.0f64).powi(b as i32 - 127) as f32
+        h
     }
+}
+
+/// The bits the reader writes for an F32 output value `x`: `x` itself, or
+/// `0x7FC0_0000` (`f32::NAN`, the library's quiet NaN) for every NaN, so
+/// that no output depends on how a vendor's arithmetic propagates a NaN's
+/// sign and payload (twin `kv_f32_canonical`).
+#[inline]
+pub fn f32_canonical(x: f32) -> u32 {
+    let b = x.to_bits();
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        0x7fc0_0000
+    } else {
+        b
+    }
+}
+
+// ---- the reader's shortcuts (kernels-hip/kv_gather.h) -------------------
+//
+// The reader's values are defined by the decoders above and one BF16
+// rounding (`bf16_from_f32`). Where a product is exact and its low 16 bits
+// are zero, that rounding is the upper half of the f32, and the kernels
+// take these shortcuts; `tests` below prove them equal to the definition
+// over their whole domains.
+
+/// `e4m3_to_f32(c) × ue8m0_to_f32(b)` for a non-NaN code `c` and
+/// `3 <= b <= 134`, by one multiplication: the code's bits under f32's
+/// (as in [`e4m3_to_f32`]) times `2^(b - 7)`, a normal power of two for those
+/// `b`. The product is exact (at most four significant bits, no overflow)
+/// and, since `b >= 3`, a multiple of `2^-133`: its low 16 bits are zero
+/// (twin `kv_e4m3_scaled_pow2`).
+#[inline]
+pub fn e4m3_scaled_pow2(c: u8, b: u8) -> f32 {
+    let c = c as u32;
+    f32::from_bits(((c & 0x80) << 24) | ((c & 0x7f) << 20)) * pow2(b as i32 - 7)
+}
+
+/// Whether one of the four bytes of `w` is an e4m3 NaN (`0x7F` or `0xFF`):
+/// the NaN bytes are the zero bytes of `!w & 0x7F7F7F7F`, and with every
+/// byte below `0x80` a zero byte is the one that borrows into its bit 7
+/// (twin `kv_e4m3_nan_in_word`).
+#[inline]
+pub fn e4m3_nan_in_word(w: u32) -> bool {
+    let v = !w & 0x7f7f_7f7f;
+    v.wrapping_sub(0x0101_0101) & 0x8080_8080 != 0
+}
+
+/// Whether one of the two BF16 halves of `w` is a NaN: a half's magnitude
+/// plus `0x7F` reaches bit 15 exactly when it is above `0x7F80`, and cannot
+/// carry into the other half (twin `kv_bf16_nan_in_word`).
+#[inline]
+pub fn bf16_nan_in_word(w: u32) -> bool {
+    ((w & 0x7fff_7fff) + 0x007f_007f) & 0x8000_8000 != 0
 }
 
 /// `2^e` for `-126 <= e <= 127`, built from the exponent bits.
@@ -228,6 +294,103 @@ mod tests {
             let (s, y) = nvfp4_scale(code);
             assert_eq!(s.to_bits(), v.to_bits(), "code {code:#04x}");
             assert_eq!(y.to_bits(), (1.0 / v).to_bits(), "code {code:#04x}");
+        }
+    }
+
+    /// The bit constructions give the values of the plain definitions
+    /// (`sign × (1 + m/8) × 2^(e-7)`, `m × 2^-9` for subnormals), bit for bit.
+    #[test]
+    fn decoders_match_their_definitions() {
+        for c in 0..=255u8 {
+            let sign = if c & 0x80 != 0 { -1.0f64 } else { 1.0 };
+            let (e, m) = (((c >> 3) & 0xf) as i32, (c & 7) as f64);
+            let got = e4m3_to_f32(c);
+            if c & 0x7f == 0x7f {
+                assert_eq!(got.to_bits(), f32::NAN.to_bits());
+                continue;
+            }
+            let want = if e == 0 {
+                sign * m / 512.0
+            } else {
+                sign * (1.0 + m / 8.0) * 2f64.powi(e - 7)
+            };
+            assert_eq!(got.to_bits(), (want as f32).to_bits(), "e4m3 {c:#04x}");
+        }
+        const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        for c in 0..=255u8 {
+            let m = E2M1[(c & 7) as usize];
+            let want = if c & 8 != 0 { -m } else { m };
+            assert_eq!(e2m1_to_f32(c).to_bits(), want.to_bits(), "e2m1 {c:#04x}");
+        }
+        for b in 0..=254u8 {
+            let want = 2f64.powi(b as i32 - 127) as f32;
+            assert_eq!(ue8m0_to_f32(b).to_bits(), want.to_bits(), "ue8m0 {b}");
+        }
+        assert_eq!(ue8m0_to_f32(255).to_bits(), f32::NAN.to_bits());
+    }
+
+    /// The reader's shortcuts equal the definition over their domains.
+    #[test]
+    fn reader_shortcuts_are_exact() {
+        for c in 0..=255u8 {
+            if c & 0x7f == 0x7f {
+                continue;
+            }
+            for b in 3..=134u8 {
+                let want = e4m3_to_f32(c) * ue8m0_to_f32(b);
+                let got = e4m3_scaled_pow2(c, b);
+                assert_eq!(got.to_bits(), want.to_bits(), "code {c:#04x} scale {b}");
+                assert_eq!(got.to_bits() & 0xffff, 0, "code {c:#04x} scale {b}");
+                assert_eq!(bf16_from_f32(got), (got.to_bits() >> 16) as u16);
+            }
+        }
+        // NVFP4: every product of a code and a non-NaN scale is exact in BF16.
+        for s in 0..=255u8 {
+            if s & 0x7f == 0x7f {
+                continue;
+            }
+            for c in 0..16u8 {
+                let v = e2m1_to_f32(c) * e4m3_to_f32(s);
+                assert_eq!(v.to_bits() & 0xffff, 0, "code {c} scale {s:#04x}");
+                assert_eq!(bf16_from_f32(v), (v.to_bits() >> 16) as u16);
+                assert_eq!(
+                    f64::from(v),
+                    f64::from(e2m1_to_f32(c)) * f64::from(e4m3_to_f32(s))
+                );
+            }
+        }
+        let nan_byte = |b: u32| b & 0x7f == 0x7f;
+        for a in 0..=255u32 {
+            for b in [0u32, 0x01, 0x7e, 0x7f, 0x80, 0xfe, 0xff] {
+                for (i, j) in [(0, 1), (1, 2), (2, 3), (3, 0), (0, 3)] {
+                    let w = (a << (8 * i)) | (b << (8 * j));
+                    let want = (0..4).any(|k| nan_byte((w >> (8 * k)) & 0xff));
+                    assert_eq!(e4m3_nan_in_word(w), want, "{w:#010x}");
+                }
+            }
+        }
+        for h in 0..=u16::MAX as u32 {
+            for other in [0u32, 0x7f80, 0x7f81, 0x8000, 0xff80, 0xffff, 0x7fff] {
+                for w in [h | (other << 16), other | (h << 16)] {
+                    let want = [w & 0xffff, w >> 16]
+                        .iter()
+                        .any(|&x| bf16_to_f32(x as u16).is_nan());
+                    assert_eq!(bf16_nan_in_word(w), want, "{w:#010x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn canonical_outputs() {
+        for h in 0..=u16::MAX {
+            assert_eq!(bf16_canonical(h), bf16_from_f32(bf16_to_f32(h)), "{h:#06x}");
+        }
+        assert_eq!(f32_canonical(-0.0), 0x8000_0000);
+        assert_eq!(f32_canonical(f32::INFINITY), 0x7f80_0000);
+        assert_eq!(f32_canonical(f32::from_bits(1)), 1);
+        for nan in [0x7f80_0001u32, 0x7fff_ffff, 0xffc0_0000, 0xff80_0001] {
+            assert_eq!(f32_canonical(f32::from_bits(nan)), 0x7fc0_0000);
         }
     }
 

@@ -531,6 +531,12 @@ mod tests {
         }
         // The copy kernel is the bench's roofline, not an operation's.
         seen.insert(Kernel::Copy);
+        // The reader's kernels (one per layout and output type).
+        for l in RecordLayout::ALL {
+            for f32 in [false, true] {
+                seen.insert(crate::gather::gather_kernel(l, f32));
+            }
+        }
         let missing: Vec<_> = Kernel::ALL.iter().filter(|k| !seen.contains(*k)).collect();
         assert!(missing.is_empty(), "no mapping launches {missing:?}");
     }

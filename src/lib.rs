@@ -12,6 +12,9 @@
 //!   one of five layouts ([`layout::RecordLayout`]);
 //! - `save_ring_rows`: store FP32 rows into their ring slots.
 //!
+//! and records are read back, gathered and dequantized to BF16 or F32, by
+//! `gather_dequant` ([`gather`]).
+//!
 //! Every backend implements [`backend::Backend`]; arguments are validated once,
 //! in [`ops`], for all of them.
 
@@ -21,6 +24,7 @@ pub mod backend;
 pub mod detect;
 pub mod error;
 pub mod formats;
+pub mod gather;
 pub mod kernel_abi;
 pub mod kernels;
 pub mod launch;
@@ -39,6 +43,7 @@ pub use backend::cuda::CudaBackend;
 pub use backend::hip::HipBackend;
 pub use backend::Backend;
 pub use error::{Error, Result};
+pub use gather::{GatherArgs, GatherDequant, GatherIndex};
 pub use launch::LaunchPolicy;
 pub use layout::RecordLayout;
 pub use ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};

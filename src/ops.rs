@@ -235,7 +235,12 @@ pub struct FusedPlan {
 
 // ---- checks -------------------------------------------------------------
 
-fn dtype(arg: &'static str, d: &TensorDesc, ok: &[DType], expected: &'static str) -> Result<()> {
+pub(crate) fn dtype(
+    arg: &'static str,
+    d: &TensorDesc,
+    ok: &[DType],
+    expected: &'static str,
+) -> Result<()> {
     if ok.contains(&d.dtype) {
         Ok(())
     } else {
@@ -247,11 +252,15 @@ fn dtype(arg: &'static str, d: &TensorDesc, ok: &[DType], expected: &'static str
     }
 }
 
-fn shape_err(arg: &'static str, problem: String) -> Error {
+pub(crate) fn shape_err(arg: &'static str, problem: String) -> Error {
     Error::Shape { arg, problem }
 }
 
-fn extent<S: Storage + ?Sized>(arg: &'static str, buf: &S, d: &TensorDesc) -> Result<()> {
+pub(crate) fn extent<S: Storage + ?Sized>(
+    arg: &'static str,
+    buf: &S,
+    d: &TensorDesc,
+) -> Result<()> {
     let needed = d
         .end_byte()
         .ok_or_else(|| shape_err(arg, "view size overflows".into()))?;
@@ -266,7 +275,7 @@ fn extent<S: Storage + ?Sized>(arg: &'static str, buf: &S, d: &TensorDesc) -> Re
     Ok(())
 }
 
-fn aligned(arg: &'static str, d: &TensorDesc, bytes: usize) -> Result<()> {
+pub(crate) fn aligned(arg: &'static str, d: &TensorDesc, bytes: usize) -> Result<()> {
     if d.offset % bytes != 0 {
         return Err(shape_err(
             arg,
@@ -276,7 +285,10 @@ fn aligned(arg: &'static str, d: &TensorDesc, bytes: usize) -> Result<()> {
     Ok(())
 }
 
-fn index<S: Storage + ?Sized>(arg: &'static str, t: &Tensor<'_, S>) -> Result<IndexPlan> {
+pub(crate) fn index<S: Storage + ?Sized>(
+    arg: &'static str,
+    t: &Tensor<'_, S>,
+) -> Result<IndexPlan> {
     let d = &t.desc;
     dtype(arg, d, &[DType::I32, DType::I64], "I32 or I64")?;
     if d.rank() != 1 || !d.is_contiguous() {
@@ -300,7 +312,7 @@ fn index<S: Storage + ?Sized>(arg: &'static str, t: &Tensor<'_, S>) -> Result<In
 
 /// `[rows, width]` with unit inner stride, row stride a multiple of
 /// `row_align` elements, base aligned to 16 bytes.
-fn rows<S: Storage + ?Sized>(
+pub(crate) fn rows<S: Storage + ?Sized>(
     arg: &'static str,
     buf: &S,
     d: &TensorDesc,
@@ -349,7 +361,7 @@ fn rows<S: Storage + ?Sized>(
 }
 
 /// Strides and counts travel to the kernels as 32-bit integers.
-fn fits_i32(arg: &'static str, what: &str, v: usize) -> Result<()> {
+pub(crate) fn fits_i32(arg: &'static str, what: &str, v: usize) -> Result<()> {
     if v > i32::MAX as usize {
         return Err(shape_err(
             arg,
@@ -584,7 +596,11 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
 }
 
 fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
-    let d = &kv.desc;
+    cache_view(&*kv.buf, &kv.desc)
+}
+
+/// A cache tensor (written or only read) into its plan.
+pub(crate) fn cache_view<S: Storage + ?Sized>(buf: &S, d: &TensorDesc) -> Result<CachePlan> {
     let arg = "kv_cache";
     let layout = match d.dtype {
         DType::U8 => {
@@ -691,7 +707,7 @@ fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
         ));
     }
     aligned(arg, d, 16)?;
-    extent(arg, &*kv.buf, d)?;
+    extent(arg, buf, d)?;
     fits_i32(arg, "block stride (bytes)", block_stride)?;
     fits_i32(arg, "row stride (bytes)", row_stride)?;
     fits_i32(arg, "blocks", blocks)?;
@@ -742,7 +758,7 @@ fn cos_sin<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<(RowsPlan, bool)> {
     ))
 }
 
-fn fp8_scale<S: Storage + ?Sized>(
+pub(crate) fn fp8_scale<S: Storage + ?Sized>(
     layout: RecordLayout,
     t: &Option<Tensor<'_, S>>,
 ) -> Result<Option<usize>> {

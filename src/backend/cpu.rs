@@ -9,6 +9,7 @@
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::formats::bf16_to_f32;
+use crate::gather::{gather_reference, plan_gather, GatherArgs, GatherDequant};
 use crate::layout::{RecordLayout, DIM};
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, CachePlan, CompressArgs, CompressPlan,
@@ -985,5 +986,14 @@ impl CpuBackend {
             }
         };
         self.fused_on(bound, sanitize)
+    }
+}
+
+impl GatherDequant for CpuBackend {
+    fn gather_dequant(&self, a: GatherArgs<'_, Vec<u8>>) -> Result<()> {
+        let p = plan_gather(&a)?;
+        let counts = self.run(|| gather_reference(&p, a));
+        self.count(counts);
+        Ok(())
     }
 }

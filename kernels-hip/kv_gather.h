@@ -1,0 +1,281 @@
+// The reader, gather_dequant: records gathered from a cache and written back
+// dequantized, BF16 or F32, one 512-value row per record. Twin of
+// src/gather.rs (GatherIn::locate, gather_reference); docs/layouts.md
+// ("Reading records back") defines which record each output row reads.
+//
+// Work split: a group of 32 lanes gathers one output row, or two
+// consecutive rows with KV_GF_TWO_ROWS (all their loads issued before the
+// first conversion: twice the bytes in flight per group). A row's output is
+// cut into 16-byte units (8 dims of BF16, 4 of F32) and lane l does units
+// l, l + 32, ...: every store instruction of a group writes 512 contiguous
+// bytes, and every load instruction reads contiguous bytes of the record
+// (the unit's 2 to 16 input bytes). No lane talks to another, so nothing
+// depends on the warp or wavefront width.
+//
+// Included by kvcache.hip after its helpers (kv_group, kv_page_row,
+// kv_load_index, kv_count) and kv_formats.h's decoders; the parameter block
+// KvGatherParams and its flag bits are in kv_abi.h.
+#pragma once
+
+KV_DEVICE int64_t kv_gather_cu(const KvGatherParams& p, int64_t i) {
+    return kv_load_index(p.cu_seq_lens, (p.flags & KV_GF_CU_I64) != 0u, i);
+}
+
+// Where output row o's record is (its cache block and row); false, after
+// counting the skip as gather_reference does, when there is none. Every
+// lane of the group computes the same; lane 0 counts.
+KV_DEVICE bool kv_gather_locate(const KvGatherParams& p, int64_t o, unsigned lane, int64_t* block,
+                                int64_t* row) {
+    if ((p.flags & KV_GF_BLOCK_TABLE) == 0u) {
+        int64_t slot = kv_load_index(p.slots, (p.flags & KV_GF_SLOT_I64) != 0u, o);
+        if (slot < 0) return false;
+        if (slot >= (int64_t)p.num_blocks * p.block_size) {
+            kv_count(p.counters, KV_COUNT_SLOT, lane);
+            return false;
+        }
+        *block = kv_page_row(slot, p.block_size, p.block_shift, row);
+        return true;
+    }
+    const int32_t reqs = p.num_reqs;
+    // Once per call: a total beyond out's rows leaves tokens ungathered.
+    if (o == 0 && kv_gather_cu(p, reqs) > (int64_t)p.n) kv_count(p.counters, KV_COUNT_INDEX, lane);
+    if (reqs == 0) return false;
+    // The request search (GatherIn::request_of): on a non-decreasing
+    // cu_seq_lens, the last request that starts at or before row o.
+    int32_t lo = 0, hi = reqs;
+    while (hi - lo > 1) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (kv_gather_cu(p, mid) <= o)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    int64_t c0 = kv_gather_cu(p, lo);
+    if (!(c0 <= o && o < kv_gather_cu(p, lo + 1))) return false;
+    int64_t start = (p.flags & KV_GF_HAS_STARTS)
+                        ? kv_load_index(p.seq_starts, (p.flags & KV_GF_STARTS_I64) != 0u, lo)
+                        : 0;
+    // The row's index in its request, exact in 64 unsigned bits (c0 may be
+    // far below 0); a position past INT64_MAX is past the table too.
+    uint64_t i = (uint64_t)o - (uint64_t)c0;
+    if (start < 0 || i > 0x7fffffffffffffffull - (uint64_t)start) {
+        kv_count(p.counters, KV_COUNT_POS, lane);
+        return false;
+    }
+    int64_t j = kv_page_row(start + (int64_t)i, p.block_size, p.block_shift, row);
+    if (j >= p.max_blocks) {
+        kv_count(p.counters, KV_COUNT_POS, lane);
+        return false;
+    }
+    int64_t b = kv_load_index(p.block_table, (p.flags & KV_GF_TABLE_I64) != 0u,
+                              (int64_t)lo * p.table_row_stride + j);
+    if (b < 0 || b >= p.num_blocks) {
+        kv_count(p.counters, KV_COUNT_SLOT, lane);
+        return false;
+    }
+    *block = b;
+    return true;
+}
+
+// N bytes (2, 4, 8 or 16, naturally aligned) as little-endian words.
+template <int N>
+KV_DEVICE void kv_load_raw(const uint8_t* q, uint32_t w[4]) {
+    if constexpr (N == 16) {
+        kv_u32x4 v = *(const kv_u32x4*)q;
+        w[0] = v.x;
+        w[1] = v.y;
+        w[2] = v.z;
+        w[3] = v.w;
+    } else if constexpr (N == 8) {
+        kv_u32x2 v = *(const kv_u32x2*)q;
+        w[0] = v.x;
+        w[1] = v.y;
+    } else if constexpr (N == 4) {
+        w[0] = *(const uint32_t*)q;
+    } else {
+        w[0] = *(const uint16_t*)q;
+    }
+}
+
+// Output dims per 16-byte unit and units per lane.
+template <bool F32>
+struct KvGatherShape {
+    static constexpr int DIMS = F32 ? 4 : 8;
+    static constexpr int STEPS = 512 / (32 * DIMS);
+};
+
+// Whether a unit starting at dim d0 holds BF16 values in the record (BF16
+// rows, V4's RoPE dims) rather than codes.
+template <int LAYOUT>
+KV_DEVICE bool kv_gather_unit_is_bf16(int d0) {
+    return LAYOUT == KV_LAYOUT_BF16 || (LAYOUT == KV_LAYOUT_V4 && d0 >= 448);
+}
+
+// One lane's share of a row's record: the unit at dim d0's bytes and its
+// scale byte (paged layouts).
+template <int LAYOUT, bool F32>
+KV_DEVICE void kv_gather_load_unit(const uint8_t* values, const uint8_t* scales, int d0, uint32_t w[4],
+                                   uint32_t* sc) {
+    constexpr int DIMS = KvGatherShape<F32>::DIMS;
+    if (kv_gather_unit_is_bf16<LAYOUT>(d0)) {
+        // V4: dim d >= 448 at bytes 448 + 2 (d - 448).
+        int at = LAYOUT == KV_LAYOUT_V4 ? 2 * d0 - 448 : 2 * d0;
+        kv_load_raw<2 * DIMS>(values + at, w);
+        return;
+    }
+    if (LAYOUT == KV_LAYOUT_NVFP4) {
+        kv_load_raw<DIMS / 2>(values + d0 / 2, w);
+        *sc = scales[d0 / 16];
+    } else {
+        kv_load_raw<DIMS>(values + d0, w);
+        if (LAYOUT == KV_LAYOUT_V4) *sc = scales[d0 / 64];
+        if (LAYOUT == KV_LAYOUT_MXFP8) *sc = scales[d0 / 32];
+    }
+}
+
+// The decoded value of element k of a code unit (layout::decode_record):
+// code times scale, one f32 multiplication.
+template <int LAYOUT>
+KV_DEVICE float kv_gather_value(const uint32_t w[4], int k, uint32_t sc, float fp8_scale) {
+    if (LAYOUT == KV_LAYOUT_NVFP4) {
+        uint32_t code = (w[k / 8] >> (4 * (k % 8))) & 0xfu;
+        return kv_e2m1_to_f32(code) * kv_e4m3_to_f32(sc);
+    }
+    uint32_t code = (w[k / 4] >> (8 * (k % 4))) & 0xffu;
+    float scale = LAYOUT == KV_LAYOUT_FP8 ? fp8_scale : kv_ue8m0_to_f32(sc);
+    return kv_e4m3_to_f32(code) * scale;
+}
+
+// The same value where the unit passed kv_gather_exact: scale and codes
+// are such that the product is exact with its low 16 bits zero (formats.rs,
+// reader_shortcuts_are_exact), so its BF16 is its upper half.
+template <int LAYOUT>
+KV_DEVICE float kv_gather_exact_value(const uint32_t w[4], int k, uint32_t sc, float nvfp4_scale) {
+    if (LAYOUT == KV_LAYOUT_NVFP4) {
+        uint32_t code = (w[k / 8] >> (4 * (k % 8))) & 0xfu;
+        return kv_e2m1_to_f32(code) * nvfp4_scale;
+    }
+    return kv_e4m3_scaled_pow2((w[k / 4] >> (8 * (k % 4))) & 0xffu, sc);
+}
+
+// Whether a code unit's products are all exact in BF16 and not NaN: NVFP4
+// with a non-NaN tile scale; V4 and MXFP8 with a scale byte in 3..134 and
+// no NaN code. Almost every unit of a written cache; the others take the
+// general path. FP8 rows (an arbitrary f32 scale) always do.
+template <int LAYOUT, bool F32>
+KV_DEVICE bool kv_gather_exact(const uint32_t w[4], uint32_t sc) {
+    if (LAYOUT == KV_LAYOUT_NVFP4) return (sc & 0x7fu) != 0x7fu;
+    if (LAYOUT != KV_LAYOUT_V4 && LAYOUT != KV_LAYOUT_MXFP8) return false;
+    bool nan = kv_e4m3_nan_in_word(w[0]);
+    if (!F32) nan = nan || kv_e4m3_nan_in_word(w[1]);
+    return !nan && sc - 3u <= 131u;
+}
+
+// One unit's 16 output bytes as words.
+template <int LAYOUT, bool F32>
+KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int d0, float fp8_scale) {
+    uint32_t o[4];
+    if (kv_gather_unit_is_bf16<LAYOUT>(d0)) {
+        // BF16 in the record: kept (widened for F32), except that a NaN
+        // becomes the canonical one.
+        bool nan = kv_bf16_nan_in_word(w[0]) || kv_bf16_nan_in_word(w[1]);
+        if (!F32) nan = nan || kv_bf16_nan_in_word(w[2]) || kv_bf16_nan_in_word(w[3]);
+#pragma unroll
+        for (int k = 0; k < (F32 ? 4 : 8); ++k) {
+            uint32_t h = (w[k / 2] >> (16 * (k % 2))) & 0xffffu;
+            if (F32) {
+                o[k] = nan ? kv_f32_canonical(kv_bf16_to_f32((uint16_t)h)) : h << 16;
+            } else if (k % 2 == 0) {
+                o[k / 2] = nan ? kv_bf16_canonical(h) : h;
+            } else {
+                o[k / 2] |= (nan ? kv_bf16_canonical(h) : h) << 16;
+            }
+        }
+    } else if (kv_gather_exact<LAYOUT, F32>(w, sc)) {
+        float ns = LAYOUT == KV_LAYOUT_NVFP4 ? kv_e4m3_to_f32(sc) : 0.0f;
+        if (F32) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_gather_exact_value<LAYOUT>(w, k, sc, ns));
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                o[k] = (kv_f2u(kv_gather_exact_value<LAYOUT>(w, 2 * k, sc, ns)) >> 16) |
+                       (kv_f2u(kv_gather_exact_value<LAYOUT>(w, 2 * k + 1, sc, ns)) & 0xffff0000u);
+        }
+    } else if (F32) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o[k] = kv_f32_canonical(kv_gather_value<LAYOUT>(w, k, sc, fp8_scale));
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            o[k] = (uint32_t)kv_bf16_from_f32(kv_gather_value<LAYOUT>(w, 2 * k, sc, fp8_scale)) |
+                   ((uint32_t)kv_bf16_from_f32(kv_gather_value<LAYOUT>(w, 2 * k + 1, sc, fp8_scale)) << 16);
+    }
+    kv_u32x4 v;
+    v.x = o[0];
+    v.y = o[1];
+    v.z = o[2];
+    v.w = o[3];
+    return v;
+}
+
+template <int LAYOUT, bool F32>
+KV_DEVICE void kv_gather(const KvGatherParams& p) {
+    constexpr int DIMS = KvGatherShape<F32>::DIMS;
+    constexpr int STEPS = KvGatherShape<F32>::STEPS;
+    constexpr int V = LAYOUT == KV_LAYOUT_V4 ? 576 : LAYOUT == KV_LAYOUT_MXFP8 ? 512 : 256;
+    constexpr int S = LAYOUT == KV_LAYOUT_V4 ? 8 : LAYOUT == KV_LAYOUT_MXFP8 ? 16 : 32;
+    constexpr bool PAGED = LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8 || LAYOUT == KV_LAYOUT_NVFP4;
+    const unsigned lane = kv_lane();
+    const bool two = (p.flags & KV_GF_TWO_ROWS) != 0u;
+    const int64_t first = two ? 2 * kv_group(p.flags) : kv_group(p.flags);
+    const float fp8_scale = LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f;
+
+    bool ok[2];
+    const uint8_t* values[2];
+    const uint8_t* scales[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int64_t o = first + r;
+        int64_t block = 0, row = 0;
+        ok[r] = (r == 0 || two) && o < p.n && kv_gather_locate(p, o, lane, &block, &row);
+        const uint8_t* page = p.cache + block * p.block_stride;
+        values[r] = PAGED ? page + row * V : page + row * p.row_stride;
+        scales[r] = page + (int64_t)p.block_size * V + row * S;
+    }
+
+    uint32_t w[2][STEPS][4];
+    uint32_t sc[2][STEPS];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (!ok[r]) continue;
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s)
+            kv_gather_load_unit<LAYOUT, F32>(values[r], scales[r], DIMS * (int)(lane + 32u * s), w[r][s], &sc[r][s]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (!ok[r]) continue;
+        // 16-byte units: 8 BF16 or 4 F32 elements.
+        kv_u32x4* out = (kv_u32x4*)((uint8_t*)p.out + (first + r) * p.out_row_stride * (F32 ? 4 : 2));
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s) {
+            int u = (int)lane + 32 * s;
+            out[u] = kv_gather_convert_unit<LAYOUT, F32>(w[r][s], sc[r][s], DIMS * u, fp8_scale);
+        }
+    }
+}
+
+#define KV_GATHER_KERNEL(name, LAYOUT, F32) \
+    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvGatherParams p) { kv_gather<LAYOUT, F32>(p); }
+
+KV_GATHER_KERNEL(kv_gather_v4_bf16, KV_LAYOUT_V4, false)
+KV_GATHER_KERNEL(kv_gather_v4_f32, KV_LAYOUT_V4, true)
+KV_GATHER_KERNEL(kv_gather_mxfp8_bf16, KV_LAYOUT_MXFP8, false)
+KV_GATHER_KERNEL(kv_gather_mxfp8_f32, KV_LAYOUT_MXFP8, true)
+KV_GATHER_KERNEL(kv_gather_nvfp4_bf16, KV_LAYOUT_NVFP4, false)
+KV_GATHER_KERNEL(kv_gather_nvfp4_f32, KV_LAYOUT_NVFP4, true)
+KV_GATHER_KERNEL(kv_gather_bf16_bf16, KV_LAYOUT_BF16, false)
+KV_GATHER_KERNEL(kv_gather_bf16_f32, KV_LAYOUT_BF16, true)
+KV_GATHER_KERNEL(kv_gather_fp8_bf16, KV_LAYOUT_FP8, false)
+KV_GATHER_KERNEL(kv_gather_fp8_f32, KV_LAYOUT_FP8, true)

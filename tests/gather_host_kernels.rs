@@ -1,0 +1,248 @@
+//! The gather kernels' source (`kernels-hip/kv_gather.h`, through
+//! `kvcache.hip`) compiled for the host and run against the CPU reference,
+//! byte for byte, on the cases of `tests/gather_device.rs`: it checks the
+//! kernels' addressing, their shortcuts and their packing wherever no GPU
+//! is at hand. The kernels never talk across lanes, so running the grid's
+//! work-items one after the other (`tests/host_kernels/gather_host.cpp`) is
+//! exact; what it cannot check (the device compilers, the hardware) the
+//! device parity tests do.
+//!
+//! Needs a host C++17 compiler (`$CXX`, else `c++`); without one it prints
+//! SKIPPED.
+
+mod gather_cases;
+
+use dsv4_kvcache::gather::{
+    gather_kernel, gather_launch, gather_params, plan_gather, GatherPtrs, GATHER_TWO_ROWS_MIN,
+};
+use dsv4_kvcache::kernel_abi::{GatherParams, Kernel};
+use dsv4_kvcache::ops::SkipCounts;
+use dsv4_kvcache::{CpuBackend, DType, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc};
+use dsv4_kvcache::{LaunchPolicy, TensorMut};
+use gather_cases::{every_code_case, every_code_scales, random_case, Case, Form};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn skipped(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED {msg} ***\n");
+}
+
+/// Builds the harness; `Err` says why it could not.
+fn harness() -> Result<PathBuf, String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let exe = std::env::temp_dir().join(format!("dsv4_gather_host_{}", std::process::id()));
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-ffp-contract=off",
+            "-Wno-unknown-pragmas",
+        ])
+        .arg("-iquote")
+        .arg(root.join("kernels-hip"))
+        .arg("-iquote")
+        .arg(root.join("tests/host_kernels"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(root.join("tests/host_kernels/gather_host.cpp"))
+        .output()
+        .map_err(|e| format!("no host C++ compiler `{cxx}`: {e}"))?;
+    if !out.status.success() {
+        // A compiler that exists but fails on the kernel source is a test failure.
+        panic!(
+            "{cxx} failed on the kernel source:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(exe)
+}
+
+fn index_bytes(v: &[i64], i64: bool) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| {
+            if i64 {
+                x.to_le_bytes().to_vec()
+            } else {
+                (x as i32).to_le_bytes().to_vec()
+            }
+        })
+        .collect()
+}
+
+/// Runs `case` through the host-built kernels with the launch the host
+/// would pick (`two_rows` forced when given).
+fn run_host(exe: &PathBuf, case: &Case, two_rows: Option<bool>) -> (Vec<u8>, SkipCounts) {
+    // Buffers, in the order of the pointer fields' ids below.
+    let fp8 = case.fp8_scale.unwrap_or(1.0).to_le_bytes().to_vec();
+    let mut out = case.canary_out();
+    let (slots, table, cu, starts, i64) = match &case.form {
+        Form::Slots { slots, i64 } => (index_bytes(slots, *i64), vec![], vec![], vec![], *i64),
+        Form::Table {
+            table,
+            cu,
+            starts,
+            i64,
+            ..
+        } => (
+            vec![],
+            index_bytes(table, *i64),
+            index_bytes(cu, *i64),
+            starts.as_ref().map_or(vec![], |s| index_bytes(s, *i64)),
+            *i64,
+        ),
+    };
+    let it = |n: usize| TensorDesc::contiguous(if i64 { DType::I64 } else { DType::I32 }, &[n]);
+    let esz = if i64 { 8 } else { 4 };
+    let plan = {
+        let index = match &case.form {
+            Form::Slots { .. } => GatherIndex::Slots {
+                slot_mapping: Tensor::new(&slots, it(slots.len() / esz)),
+            },
+            Form::Table {
+                rows,
+                cols,
+                row_stride,
+                starts: st,
+                ..
+            } => GatherIndex::BlockTable {
+                block_table: Tensor::new(
+                    &table,
+                    TensorDesc::strided(
+                        if i64 { DType::I64 } else { DType::I32 },
+                        &[*rows, *cols],
+                        &[*row_stride, 1],
+                    )
+                    .unwrap(),
+                ),
+                cu_seq_lens: Tensor::new(&cu, it(cu.len() / esz)),
+                seq_starts: st
+                    .as_ref()
+                    .map(|_| Tensor::new(&starts, it(starts.len() / esz))),
+            },
+        };
+        plan_gather(&GatherArgs {
+            kv_cache: Tensor::new(&case.cache, case.cache_desc),
+            index,
+            fp8_scale: case
+                .fp8_scale
+                .map(|_| Tensor::new(&fp8, TensorDesc::contiguous(DType::F32, &[1]))),
+            out: TensorMut::new(&mut out, case.out_desc()),
+        })
+        .expect("the case is valid")
+    };
+    let Some(launch) = gather_launch(&LaunchPolicy::default(), plan.n, two_rows) else {
+        return (out, SkipCounts::default());
+    };
+    let bufs: [&[u8]; 7] = [&case.cache, &slots, &table, &cu, &starts, &fp8, &out];
+    let id = |i: u64| (i + 1) << 48;
+    let ptrs = GatherPtrs {
+        cache: id(0),
+        slots: id(1),
+        block_table: id(2),
+        cu_seq_lens: id(3),
+        seq_starts: id(4),
+        fp8_scale: id(5),
+        out: id(6),
+        counters: 0,
+    };
+    let params = gather_params(&plan, &ptrs, &launch);
+    let kernel: Kernel = gather_kernel(case.layout, case.out_f32);
+    let kernel_index = (kernel.index() - gather_kernel(RecordLayout::V4, false).index()) as u32;
+    let mut input = Vec::new();
+    input.extend_from_slice(&(bufs.len() as u32).to_le_bytes());
+    for b in bufs {
+        input.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        input.extend_from_slice(b);
+    }
+    // SAFETY: GatherParams is #[repr(C)] plain data (integers only).
+    let raw = unsafe {
+        std::slice::from_raw_parts(
+            (&params as *const GatherParams).cast::<u8>(),
+            std::mem::size_of::<GatherParams>(),
+        )
+    };
+    input.extend_from_slice(raw);
+    for v in [
+        kernel_index,
+        launch.geometry.grid,
+        launch.geometry.block_threads,
+    ] {
+        input.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut child = Command::new(exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the harness runs");
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let res = child.wait_with_output().unwrap();
+    assert!(res.status.success(), "{}: harness failed", case.label);
+    let o = &res.stdout;
+    let before: usize = bufs[..6].iter().map(|b| b.len()).sum();
+    let got = o[before..before + out.len()].to_vec();
+    let c = |i: usize| {
+        let at = before + out.len() + 4 * i;
+        u64::from(u32::from_le_bytes(o[at..at + 4].try_into().unwrap()))
+    };
+    (
+        got,
+        SkipCounts {
+            slot_out_of_range: c(0),
+            position_out_of_range: c(1),
+            index_out_of_range: c(2),
+        },
+    )
+}
+
+#[test]
+fn host_built_kernels_match_the_reference() {
+    let exe = match harness() {
+        Ok(e) => e,
+        Err(why) => return skipped(&format!("gather host kernels: {why}")),
+    };
+    let cpu = CpuBackend::new();
+    let mut cases = Vec::new();
+    let mut seed = 0u64;
+    for layout in RecordLayout::ALL {
+        for table in [false, true] {
+            for wild in [false, true] {
+                for n in [1usize, 7, 130, 1500] {
+                    seed += 1;
+                    cases.push(random_case(seed << 24 | n as u64, layout, table, n, wild));
+                }
+            }
+        }
+        for out_f32 in [false, true] {
+            for &s in every_code_scales(layout) {
+                cases.push(every_code_case(layout, out_f32, s));
+            }
+        }
+        seed += 1;
+        cases.push(random_case(
+            seed,
+            layout,
+            false,
+            GATHER_TWO_ROWS_MIN + 3,
+            true,
+        ));
+    }
+    let mut bad = 0;
+    for case in &cases {
+        let want = case.run(&cpu).unwrap();
+        for two_rows in [None, Some(false), Some(true)] {
+            let (out, counts) = run_host(&exe, case, two_rows);
+            if out != want.out || counts != want.counts {
+                let i = out.iter().zip(&want.out).position(|(a, b)| a != b);
+                eprintln!(
+                    "MISMATCH {} (two rows {two_rows:?}): first byte {i:?}, counts {counts:?} want {:?}",
+                    case.label, want.counts
+                );
+                bad += 1;
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&exe);
+    assert_eq!(bad, 0, "{bad} of {} runs differ", 3 * cases.len());
+}
