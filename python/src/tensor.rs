@@ -26,13 +26,14 @@ impl std::fmt::Display for Dev {
     }
 }
 
-/// One tensor argument: address of its first element, the bytes from there
-/// to the end of its storage, and its view (offset 0 from `ptr`).
+/// One tensor argument: address of its first element, the bytes its view
+/// spans from there, and its view (offset 0 from `ptr`).
 #[derive(Debug, Clone, Copy)]
 pub struct View {
     /// `data_ptr()`.
     pub ptr: u64,
-    /// Bytes of the storage from `ptr` on.
+    /// Bytes the view spans from `ptr` on (torch keeps every view inside its
+    /// storage: `as_strided` and `set_` check it).
     pub len: usize,
     /// dtype, shape, strides.
     pub desc: TensorDesc,
@@ -55,9 +56,6 @@ pub struct Torch {
     stride: Py<PyAny>,
     data_ptr: Py<PyAny>,
     get_device: Py<PyAny>,
-    untyped_storage: Py<PyAny>,
-    storage_offset: Py<PyAny>,
-    nbytes: Py<PyAny>,
 }
 
 static TORCH: PyOnceLock<Torch> = PyOnceLock::new();
@@ -95,9 +93,6 @@ pub fn torch(py: Python<'_>) -> PyResult<&'static Torch> {
             stride: m("stride")?,
             data_ptr: m("data_ptr")?,
             get_device: m("get_device")?,
-            untyped_storage: m("untyped_storage")?,
-            storage_offset: m("storage_offset")?,
-            nbytes: t.getattr("UntypedStorage")?.getattr("nbytes")?.unbind(),
             tensor: tensor.cast_into::<PyType>()?.unbind(),
             dtypes,
             raw_stream,
@@ -125,8 +120,10 @@ pub fn view(py: Python<'_>, t: &Torch, arg: &'static str, o: &Bound<'_, PyAny>) 
             "{arg}: dtype {dt}, expected one of float32, bfloat16, uint8, float8_e4m3fn, int32, int64 (see the function's documentation for which)"
         )));
     };
-    let dev = if o.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
-        Dev::Cuda(t.get_device.bind(py).call1((o,))?.extract()?)
+    // get_device() is the CUDA (HIP) index, or -1 for every other device.
+    let index: i32 = t.get_device.bind(py).call1((o,))?.extract()?;
+    let dev = if index >= 0 {
+        Dev::Cuda(index)
     } else if o.getattr(intern!(py, "is_cpu"))?.is_truthy()? {
         Dev::Cpu
     } else {
@@ -162,10 +159,9 @@ pub fn view(py: Python<'_>, t: &Torch, arg: &'static str, o: &Bound<'_, PyAny>) 
     }
     let desc = TensorDesc::strided(dtype, &sh[..rank], &st[..rank]).map_err(map_err)?;
     let ptr: u64 = t.data_ptr.bind(py).call1((o,))?.extract()?;
-    let storage = t.untyped_storage.bind(py).call1((o,))?;
-    let nbytes: usize = t.nbytes.bind(py).call1((storage,))?.extract()?;
-    let offset: usize = t.storage_offset.bind(py).call1((o,))?.extract()?;
-    let len = nbytes.saturating_sub(offset.saturating_mul(dtype.size()));
+    // The view's own extent: torch keeps views inside their storage, and
+    // reading the storage's size costs three calls (and an object) per tensor.
+    let len = desc.end_byte().map_or(usize::MAX, |e| e as usize);
     Ok(View {
         ptr,
         len,
