@@ -183,3 +183,48 @@ fn fused_bytes(f: &VectorFile, layout: Option<RecordLayout>) -> Result<u64> {
     let i = insert_bytes(f, layout, "cache_slot_mapping")?;
     Ok(c.rest + i.rest - size(f, "positions"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsv4_kvcache::testkit::{make_case, CaseSpec};
+
+    /// The bench's CR1 insert case (all slots valid, positions `0..T`,
+    /// distinct cos/sin rows, I64 indices, F32 table): per token the
+    /// latent, the record, one cos/sin row and two indices.
+    #[test]
+    fn cr1_insert_counts_latent_record_cos_sin_and_indices() {
+        for (l, per_token) in [
+            (RecordLayout::V4, 1880u64),
+            (RecordLayout::Mxfp8, 1824),
+            (RecordLayout::Nvfp4, 1584),
+            (RecordLayout::Bf16Rows, 2320),
+            (RecordLayout::Fp8Rows, 1808),
+        ] {
+            let f = make_case(&CaseSpec {
+                op: Op::RopeQuantInsert,
+                layout: l,
+                tokens: 64,
+                ..Default::default()
+            });
+            let scale = if l == RecordLayout::Fp8Rows { 4 } else { 0 };
+            assert_eq!(
+                traffic(&f, Some(l)).unwrap(),
+                64 * per_token + scale,
+                "{l:?}"
+            );
+        }
+    }
+
+    /// `save_ring_rows` moves each valid row twice (read and write) plus
+    /// its slot.
+    #[test]
+    fn ring_rows_count_both_directions() {
+        let f = make_case(&CaseSpec {
+            op: Op::SaveRingRows,
+            tokens: 32,
+            ..Default::default()
+        });
+        assert_eq!(traffic(&f, None).unwrap(), 32 * (8192 + 8));
+    }
+}
