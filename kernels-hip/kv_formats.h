@@ -18,6 +18,22 @@ KV_DEVICE uint16_t kv_bf16_from_f32(float x) {
 
 KV_DEVICE float kv_bf16_to_f32(uint16_t h) { return kv_u2f(((uint32_t)h) << 16); }
 
+// x and y rounded to BF16 (nearest even) and widened back, for callers that
+// map every NaN to one value afterwards: a NaN comes out as some NaN, not
+// necessarily 0x7FFF. A prelude's hardware pair conversion (KV_HW_BF16X2),
+// which rounds finite values and infinities exactly like kv_bf16_from_f32,
+// does the pair in one instruction.
+KV_DEVICE void kv_bf16_round_pair_any_nan(float x, float y, float* rx, float* ry) {
+#if defined(KV_HW_BF16X2)
+    uint32_t two = kv_hw_bf16x2(x, y);
+    *rx = kv_u2f(two << 16);
+    *ry = kv_u2f(two & 0xffff0000u);
+#else
+    *rx = kv_bf16_to_f32(kv_bf16_from_f32(x));
+    *ry = kv_bf16_to_f32(kv_bf16_from_f32(y));
+#endif
+}
+
 // |x| * 2^9 rounded to nearest even, for |x| < 2^-6 given as abs bits.
 KV_DEVICE uint8_t kv_e4m3_subnormal_code(uint32_t a) {
     int e = (int)(a >> 23);

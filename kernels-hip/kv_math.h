@@ -65,8 +65,12 @@ KV_DEVICE float kv_min_nan_ignoring(float a, float b) { return (b < a || a != a)
 // (kv_e4m3_from_f32 gives 0x7E or 0xFE from 448 up, infinities included, and
 // so does NVIDIA's satfinite conversion), so only a NaN needs replacing.
 // e4m3(kv_e4m3_nan_to_max(v)) == e4m3(clamp_e4m3(v)) for every v
-// (tests/formats_exhaustive.rs checks all 2^32 inputs).
-KV_DEVICE float kv_e4m3_nan_to_max(float v) { return kv_isnan(v) ? 448.0f : v; }
+// (tests/formats_exhaustive.rs checks all 2^32 inputs). Written as
+// min(v, 448), one NaN-ignoring min instead of a compare and a select (the
+// inserts are issue-bound): a NaN gives 448, values from 448 up (+inf too)
+// give 448, whose code the encoders' own saturation gives them anyway, and
+// no +0/-0 pair meets.
+KV_DEVICE float kv_e4m3_nan_to_max(float v) { return kv_fmin_nan_ignoring(v, 448.0f); }
 
 // Largest j with log2(1 + j 2^-23) < 2^-q, for q = 18..25: 22 >> (q - 18)
 // (math::LOG2_ROUNDS_DOWN, tested equal to it).

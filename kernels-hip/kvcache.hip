@@ -395,14 +395,16 @@ KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t po
 // (dims 16 tile .. 16 tile + 16). A group's lane l holds tile l; the
 // tile-major inserts below map threads to tiles differently, and V4, whose
 // RoPE pairs cross lanes, always runs on groups. FP8 rows take the
-// per-tensor scale the caller loaded with its first reads.
-template <int LAYOUT, bool TILES>
+// per-tensor scale the caller loaded with its first reads. PAIR_LOADED (V4
+// inserts, whose latent is in memory): `pair` is the lane's RoPE pair,
+// loaded with the latent, instead of gathered from the other lanes.
+template <int LAYOUT, bool TILES, bool PAIR_LOADED = false>
 KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t base, unsigned tile,
-                               const uint16_t h[16], float fp8_scale) {
+                               const uint16_t h[16], float fp8_scale, uint32_t pair = 0u) {
     const bool sanitize = (p.flags & KV_F_SANITIZE) != 0u;
     // V4's RoPE pair first, while the latent is still packed: the fused CR2
     // kernels sit at their register limit.
-    uint32_t v4_pair = LAYOUT == KV_LAYOUT_V4 ? kv_gather_rope_pair(h, tile) : 0u;
+    uint32_t v4_pair = LAYOUT != KV_LAYOUT_V4 ? 0u : PAIR_LOADED ? pair : kv_gather_rope_pair(h, tile);
     float x[16], r[16];
     if (LAYOUT == KV_LAYOUT_V4) {
 #pragma unroll
@@ -429,13 +431,13 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         }
         // RoPE part: one GPT-J pair per lane (pair 224 + lane, dims
         // 448 + 2 lane and 449 + 2 lane), gathered from lanes 28..31, which
-        // hold those dims; one lane rotating 16 dims while the others waited
-        // was most of this kernel's time.
-        uint32_t pair = v4_pair;
+        // hold those dims, or loaded (PAIR_LOADED); one lane rotating 16 dims
+        // while the others waited was most of this kernel's time.
+        uint32_t rope = v4_pair;
         float c, sn;
         kv_cos_sin_at(p, base, tile, &c, &sn);
         float re, ro;
-        kv_rope_pair(kv_bf16_to_f32((uint16_t)(pair & 0xffffu)), kv_bf16_to_f32((uint16_t)(pair >> 16)), c, sn,
+        kv_rope_pair(kv_bf16_to_f32((uint16_t)(rope & 0xffffu)), kv_bf16_to_f32((uint16_t)(rope >> 16)), c, sn,
                      &re, &ro);
         uint32_t out = (uint32_t)kv_bf16_from_f32(kv_sanitized(re, sanitize)) |
                        ((uint32_t)kv_bf16_from_f32(kv_sanitized(ro, sanitize)) << 16);
@@ -443,8 +445,12 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
     } else if (LAYOUT == KV_LAYOUT_MXFP8) {
         uint8_t* values = page + row * 512;
         uint8_t* scales = page + p.block_size * 512 + row * 16;
+        // A uniform branch: with sanitizing off (the default) the tile pays
+        // nothing for it.
+        if (sanitize) {
 #pragma unroll
-        for (int j = 0; j < 16; ++j) r[j] = kv_sanitized(r[j], sanitize);
+            for (int j = 0; j < 16; ++j) r[j] = kv_sanitized(r[j], sanitize);
+        }
         uint8_t q[16];
         uint8_t sb = kv_quantize_fp8_part(r, 2, sanitize, q);
         kv_store16b(values + 16 * tile, q);
@@ -473,7 +479,14 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         uint8_t q[16];
         float c[16];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) c[j] = kv_e4m3_nan_to_max(kv_bf16_to_f32(kv_bf16_from_f32(r[j])) * inv);
+        for (int j = 0; j < 16; j += 2) {
+            // The BF16 rounding's NaN is some NaN; kv_e4m3_nan_to_max maps
+            // every NaN product to 448.
+            float b0, b1;
+            kv_bf16_round_pair_any_nan(r[j], r[j + 1], &b0, &b1);
+            c[j] = kv_e4m3_nan_to_max(b0 * inv);
+            c[j + 1] = kv_e4m3_nan_to_max(b1 * inv);
+        }
         kv_e4m3_from_f32_x16(c, q);
         kv_store16b(page + row * p.row_stride + 16 * tile, q);
     }
@@ -490,13 +503,18 @@ KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile
     // The latent row is loaded with the indices (t < n, so it exists): a
     // skipped token costs 1 KB of reads, a written one a round trip less.
     uint16_t h[16];
-    kv_load16h(p.latent + t * p.latent_row_stride + 16 * tile, h);
+    const uint16_t* row = p.latent + t * p.latent_row_stride;
+    kv_load16h(row + 16 * tile, h);
+    // V4: the lane's RoPE pair (dims 448 + 2 lane, 449 + 2 lane) from the
+    // same row, a cached 4-byte load in place of eight shuffles (rows are
+    // 16-byte aligned, so the word is aligned).
+    uint32_t pair = LAYOUT == KV_LAYOUT_V4 ? *(const uint32_t*)(row + 448 + 2 * tile) : 0u;
     float fp8_scale = kv_load_fp8_scale<LAYOUT>(p);
     int64_t slot = kv_load_index(p.slots, (p.flags & KV_F_SLOT_I64) != 0u, t);
     int64_t pos = kv_load_index(p.positions, (p.flags & KV_F_POS_I64) != 0u, t);
     int64_t base;
     if (!kv_insert_check<TILES>(p, slot, pos, tile, &base)) return;
-    kv_write_record<LAYOUT, TILES>(p, slot, base, tile, h, fp8_scale);
+    kv_write_record<LAYOUT, TILES, LAYOUT == KV_LAYOUT_V4>(p, slot, base, tile, h, fp8_scale, pair);
 }
 
 // ---- fused_save_compress_norm ----------------------------------------------

@@ -236,9 +236,9 @@ fn bench_compare_script_makes_the_table() {
     let seed = dir.join("seed_bench.json");
     std::fs::write(
         &ours,
-        r#"{"copy_bytes_per_s": 2.5e12, "rows": [
-            {"op": "insert mxfp8", "tokens": 1, "us_per_launch": 1.0, "fraction_of_copy": 0.001},
-            {"op": "insert mxfp8", "tokens": 16, "us_per_launch": 4.0, "fraction_of_copy": 0.8}]}"#,
+        r#"{"roofline_bytes_per_s": 4.2e12, "copy_engine_bytes_per_s": 2.5e12, "rows": [
+            {"op": "insert mxfp8", "tokens": 1, "us_per_launch": 1.0, "fraction_of_roofline": 0.001},
+            {"op": "insert mxfp8", "tokens": 16, "us_per_launch": 4.0, "fraction_of_roofline": 0.8}]}"#,
     )
     .expect("write");
     std::fs::write(
@@ -275,7 +275,7 @@ fn bench_compare_script_makes_the_table() {
         "{text}"
     );
     assert!(
-        text.contains("insert mxfp8 at T = 16: 80.0 % of copy"),
+        text.contains("insert mxfp8 at T = 16: 80.0 % of roofline"),
         "{text}"
     );
     // Ops without rows print a dash rather than failing.

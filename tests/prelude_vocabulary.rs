@@ -11,7 +11,12 @@ use std::path::Path;
 
 /// Optional hardware paths a prelude may leave out (the kernels test for
 /// them with `#if defined(...)`).
-const OPTIONAL: &[&str] = &["KV_HW_E4M3X2", "kv_hw_e4m3x2"];
+const OPTIONAL: &[&str] = &[
+    "KV_HW_E4M3X2",
+    "kv_hw_e4m3x2",
+    "KV_HW_BF16X2",
+    "kv_hw_bf16x2",
+];
 
 /// Macros build.rs defines on the compilers' command lines.
 const BUILD_DEFINED: &[&str] = &["KV_ABI_LAYOUT_CHECK"];

@@ -39,6 +39,7 @@ impl Stand {
                 arch: "none".into(),
                 warp_size: 32,
                 total_memory: None,
+                multiprocessors: None,
             },
             launched: Mutex::new(Vec::new()),
         }

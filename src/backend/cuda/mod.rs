@@ -309,6 +309,11 @@ impl CudaDriver {
         let warp_size = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE)
             .map_err(drv("cuDeviceGetAttribute"))?;
+        let multiprocessors = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .ok()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| n > 0);
         let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
 
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
@@ -340,6 +345,7 @@ impl CudaDriver {
                 arch: format!("sm_{}{}", cc.0, cc.1),
                 warp_size: warp_size.max(0) as u32,
                 total_memory: ctx.total_mem().ok(),
+                multiprocessors,
             },
             stream,
             ctx,

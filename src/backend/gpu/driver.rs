@@ -31,6 +31,9 @@ pub struct DeviceFacts {
     pub warp_size: u32,
     /// Device memory in bytes, where the runtime says.
     pub total_memory: Option<usize>,
+    /// Streaming multiprocessors (CUDA) or compute units (HIP), where the
+    /// driver reads them; sizes the roofline copy's grid.
+    pub multiprocessors: Option<u32>,
 }
 
 /// A GPU runtime opened on one device, with the kernels loaded.

@@ -615,6 +615,99 @@ impl<D: Driver> GpuBackend<D> {
         Ok(2.0 * bytes as f64 / t.max(1e-9))
     }
 
+    /// The SM copy roofline: what the kernels' own cores can move, timed
+    /// like the kernels. `kv_copy` copies `bytes` (rounded down to 16-byte
+    /// units, at least one) from one buffer to another, `launches` launches
+    /// captured in a graph replayed `replays` times (after a warm-up); the
+    /// result is the bytes read plus written per second (`2 * bytes / t`)
+    /// at the median time per launch `t`, the best over a few grid shapes
+    /// (persistent grids of 4, 8 and 16 blocks per multiprocessor where the
+    /// device says how many it has, and one block per 1024 units), so that
+    /// the figure is the copy's best, not one guess's.
+    ///
+    /// Use a buffer several times the L2 (1 GiB on an H200 or MI300X) so
+    /// that the copy runs from memory. The copy engine's rate is
+    /// [`GpuBackend::time_copy`]'s, which on an H200 is about two thirds of
+    /// this.
+    pub fn time_sm_copy(
+        &self,
+        bytes: usize,
+        launches: usize,
+        replays: usize,
+    ) -> Result<SmCopyRate> {
+        if bytes < 16 || launches == 0 || replays == 0 {
+            return Err(Error::Value {
+                arg: if bytes < 16 {
+                    "bytes"
+                } else if launches == 0 {
+                    "launches"
+                } else {
+                    "replays"
+                },
+                problem: if bytes < 16 {
+                    "must be at least 16".into()
+                } else {
+                    "must be at least 1".into()
+                },
+            });
+        }
+        let units = (bytes / 16) as u64;
+        let bytes = units as usize * 16;
+        let src = self.alloc_zeroed(bytes)?;
+        let dst = self.alloc_zeroed(bytes)?;
+        let block = kernel_abi::BLOCK_THREADS;
+        // The kernel moves four units per thread per pass.
+        let cover = units
+            .div_ceil(4 * u64::from(block))
+            .clamp(1, i32::MAX as u64) as u32;
+        let mut grids = vec![cover];
+        if let Some(sms) = self.facts().multiprocessors {
+            grids.extend([4u32, 8, 16].map(|w| sms.saturating_mul(w)));
+        }
+        let f = self.function(Kernel::Copy);
+        let mut best: Option<SmCopyRate> = None;
+        for grid in grids {
+            let params = kernel_abi::CopyParams {
+                src: src.addr(),
+                dst: dst.addr(),
+                units,
+            };
+            let us = self.time_graph(launches, replays, || {
+                let mut p = params;
+                // SAFETY: `kv_copy` takes a CopyParams; both buffers hold
+                // `units` 16-byte units and outlive the replays, which
+                // `time_graph` waits for.
+                unsafe {
+                    self.drv.launch(
+                        f,
+                        grid,
+                        block,
+                        0,
+                        self.stream(),
+                        &mut p as *mut kernel_abi::CopyParams as *mut c_void,
+                    )
+                }
+            })?;
+            let mut us = us;
+            us.sort_by(|a, b| a.total_cmp(b));
+            let t = f64::from(us[us.len() / 2]) * 1e-6;
+            let rate = 2.0 * bytes as f64 / t.max(1e-12);
+            if best.as_ref().is_none_or(|b| rate > b.bytes_per_s) {
+                best = Some(SmCopyRate {
+                    bytes_per_s: rate,
+                    bytes,
+                    grid,
+                    block,
+                });
+            }
+        }
+        // At least one grid was timed.
+        best.ok_or_else(|| Error::Value {
+            arg: "bytes",
+            problem: "no grid to time".into(),
+        })
+    }
+
     /// Host cost of launching: calls `f` (eager launches on this backend)
     /// `calls` times after one warm-up call, and returns the mean host time
     /// per call in microseconds, not counting the final wait for the device.
@@ -648,6 +741,19 @@ impl<D: Driver> Drop for GpuBackend<D> {
         // cannot be reported from drop.
         let _ = self.drv.synchronize(self.drv.stream());
     }
+}
+
+/// The SM copy roofline of [`GpuBackend::time_sm_copy`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SmCopyRate {
+    /// Bytes read plus written per second.
+    pub bytes_per_s: f64,
+    /// Bytes copied per launch (each read once and written once).
+    pub bytes: usize,
+    /// The grid (blocks) of the fastest shape.
+    pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
 }
 
 /// A graph of launches captured on a [`GpuBackend`]'s stream.

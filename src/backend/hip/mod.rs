@@ -208,6 +208,9 @@ impl HipDriver {
                     32
                 },
                 total_memory: total_mem(&api, ordinal),
+                // Not read yet (hipDeviceGetAttribute is not bound): the
+                // roofline copy then sizes its grid from the buffer.
+                multiprocessors: None,
             },
             api: api.clone(),
             arch,

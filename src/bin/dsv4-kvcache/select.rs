@@ -54,6 +54,26 @@ impl<D: Driver> Timing<GpuBackend<D>> for GraphTiming {
     fn copy_rate(&self, b: &GpuBackend<D>, bytes: usize, replays: usize) -> Result<f64> {
         b.time_copy(bytes, replays)
     }
+    fn roofline(
+        &self,
+        b: &GpuBackend<D>,
+        bytes: usize,
+        launches: usize,
+        replays: usize,
+    ) -> Result<(f64, String)> {
+        let r = b.time_sm_copy(bytes, launches, replays)?;
+        let sms = b
+            .facts()
+            .multiprocessors
+            .map_or("unknown".to_string(), |n| n.to_string());
+        Ok((
+            r.bytes_per_s,
+            format!(
+                "kv_copy kernel, best grid {} x {} threads ({sms} multiprocessors)",
+                r.grid, r.block
+            ),
+        ))
+    }
     fn host_launch_us(
         &self,
         b: &GpuBackend<D>,

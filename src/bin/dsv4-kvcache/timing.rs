@@ -20,8 +20,20 @@ pub(crate) trait Timing<B: Backend> {
         replays: usize,
         f: &mut dyn FnMut(&B) -> Result<()>,
     ) -> Result<Vec<f32>>;
-    /// Copy rate in bytes (read + written) per second for `bytes`-byte copies.
+    /// Copy rate in bytes (read + written) per second for `bytes`-byte
+    /// copies by the runtime's copy call (on GPUs, the copy engine's).
     fn copy_rate(&self, b: &B, bytes: usize, replays: usize) -> Result<f64>;
+    /// The roofline every row is divided by: bytes (read + written) per
+    /// second of a `bytes`-byte copy run the way the kernels run (on GPUs,
+    /// the `kv_copy` kernel on the SMs / CUs; on the CPU, `memcpy`), with a
+    /// few words on how it was run.
+    fn roofline(
+        &self,
+        b: &B,
+        bytes: usize,
+        launches: usize,
+        replays: usize,
+    ) -> Result<(f64, String)>;
     /// Host time of one eager launch in µs (mean of `calls`, no wait between).
     fn host_launch_us(
         &self,
@@ -80,6 +92,19 @@ impl Timing<CpuBackend> for WallClock {
             times.push(t.elapsed().as_secs_f64());
         }
         Ok(2.0 * bytes as f64 / median_f64(&mut times).max(1e-12))
+    }
+    fn roofline(
+        &self,
+        b: &CpuBackend,
+        bytes: usize,
+        _launches: usize,
+        replays: usize,
+    ) -> Result<(f64, String)> {
+        // The reference's roofline is the host's own copy.
+        Ok((
+            self.copy_rate(b, bytes, replays)?,
+            "memcpy on one thread".into(),
+        ))
     }
     fn host_launch_us(
         &self,

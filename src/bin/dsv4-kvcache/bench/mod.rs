@@ -1,6 +1,7 @@
-//! `bench`: time per launch, bandwidth against the copy rate and the seed's
-//! H200 anchors ([`anchors`]), fused against separate launches, and the host
-//! cost of a launch.
+//! `bench`: time per launch, bandwidth ([`traffic`]) against the SM copy
+//! roofline (the copy engine's rate beside it, for information) and the
+//! seed's H200 anchors ([`anchors`]), fused against separate launches, and
+//! the host cost of a launch.
 
 mod anchors;
 mod traffic;
@@ -12,17 +13,20 @@ use crate::{CliError, CliResult};
 use anchors::{anchor, ANCHOR_T};
 use dsv4_kvcache::layout::RecordLayout;
 use dsv4_kvcache::testkit::{make_case, CaseSpec};
-use dsv4_kvcache::vectors::{Op, VectorFile};
+use dsv4_kvcache::vectors::{Op, VTensor, VectorFile};
 use dsv4_kvcache::{
     Backend, CompressArgs, Error, InsertArgs, Result, Tensor, TensorDesc, TensorMut,
 };
 use traffic::traffic;
 
-/// `dsv4-kvcache bench [--backend B] [--tokens ...] [--only ...] [--out FILE]`.
+/// `dsv4-kvcache bench [--backend B] [--tokens ...] [--only ...] [--out FILE]
+/// [--copy-mib N] [--slots random|sorted]`.
 pub(crate) fn bench_cmd(args: &[String]) -> CliResult<()> {
     let o = Opts::parse(
         args,
-        &["backend", "tokens", "out", "launches", "replays", "only"],
+        &[
+            "backend", "tokens", "out", "launches", "replays", "only", "copy-mib", "slots",
+        ],
         &[],
     )?;
     o.no_positional()?;
@@ -50,7 +54,28 @@ pub(crate) fn bench_cmd(args: &[String]) -> CliResult<()> {
             "--only needs at least one name, like insert,fused".into(),
         ));
     }
+    let sorted_slots = match o.get("slots") {
+        None | Some("random") => false,
+        Some("sorted") => true,
+        Some(x) => {
+            return Err(CliError::Usage(format!(
+                "--slots {x:?}, expected random or sorted"
+            )))
+        }
+    };
+    let copy_mib = o.get("copy-mib").map(|x| x.trim().parse::<usize>());
+    let copy_mib = match copy_mib {
+        None => None,
+        Some(Ok(n)) if n >= 1 => Some(n),
+        Some(_) => {
+            return Err(CliError::Usage(
+                "--copy-mib must be a whole number of MiB, at least 1".into(),
+            ))
+        }
+    };
     let job = BenchJob {
+        sorted_slots,
+        copy_mib,
         tokens,
         only,
         out: o.get("out").map(str::to_string),
@@ -68,6 +93,11 @@ pub(crate) fn bench_cmd(args: &[String]) -> CliResult<()> {
 
 /// The bench's options.
 struct BenchJob {
+    /// Cache slots in token order instead of a random permutation (to show
+    /// what the scattered record stores cost).
+    sorted_slots: bool,
+    /// The roofline copy's size (default 1 GiB on GPUs, 256 MiB on the CPU).
+    copy_mib: Option<usize>,
     tokens: Option<Vec<usize>>,
     /// Run only the rows whose label contains one of these.
     only: Option<Vec<String>>,
@@ -194,15 +224,30 @@ impl Job for BenchJob {
             self.launches,
             self.replays
         );
-        let copy_bytes = if cpu { 256 << 20 } else { 1 << 30 };
-        let copy = timing.copy_rate(b, copy_bytes, self.replays)?;
+        // Several times the L2 (50 MiB on an H200, 256 MiB of Infinity
+        // Cache on an MI300X), so that the copy runs from memory.
+        let copy_bytes = self.copy_mib.unwrap_or(if cpu { 256 } else { 1024 }) << 20;
+        let (roof, roof_how) =
+            timing.roofline(b, copy_bytes, self.launches.min(10), self.replays)?;
+        let engine = timing.copy_rate(b, copy_bytes, self.replays)?;
         println!(
-            "copy rate ({} MiB, bytes read + written): {:.1} GB/s",
+            "roofline: copy of {} MiB ({roof_how}), bytes read + written: {:.1} GB/s",
             copy_bytes >> 20,
-            copy / 1e9
+            roof / 1e9
+        );
+        println!(
+            "copy engine ({} MiB device-to-device copy, for information): {:.1} GB/s",
+            copy_bytes >> 20,
+            engine / 1e9
+        );
+        println!(
+            "bytes per launch: every tensor the work reads or writes, once (bench/traffic.rs); cache slots {}",
+            if self.sorted_slots { "sorted (token order)" } else { "a random permutation" }
         );
         println!();
-        println!("| op | T | µs/launch | GB/s | % of copy | seed on H200, µs | speedup vs seed |");
+        println!(
+            "| op | T | µs/launch | GB/s | % of roofline | seed on H200, µs | speedup vs seed |"
+        );
         println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
         let mut rows = Vec::new();
         for &t in &tokens {
@@ -210,7 +255,10 @@ impl Job for BenchJob {
                 if !self.wants(&c.name) {
                     continue;
                 }
-                let f = make_case(&c.spec);
+                let mut f = make_case(&c.spec);
+                if self.sorted_slots {
+                    sort_slots(&mut f)?;
+                }
                 let bytes = traffic(&f, c.layout)?;
                 let mut p = f.prepare(b)?;
                 let us =
@@ -227,13 +275,13 @@ impl Job for BenchJob {
                     t,
                     us,
                     gbps,
-                    100.0 * gbps * 1e9 / copy,
+                    100.0 * gbps * 1e9 / roof,
                     anchor.map_or("—".into(), |a| format!("{a:.2}")),
                     anchor.map_or("—".into(), |a| format!("{:.2}×", a / us))
                 );
                 rows.push(serde_json::json!({
                     "op": c.name, "tokens": t, "us_per_launch": us, "bytes": bytes, "gb_per_s": gbps,
-                    "fraction_of_copy": gbps * 1e9 / copy, "anchor_us": anchor,
+                    "fraction_of_roofline": gbps * 1e9 / roof, "anchor_us": anchor,
                     "speedup_vs_anchor": anchor.map(|a| a / us),
                 }));
             }
@@ -351,7 +399,10 @@ impl Job for BenchJob {
                 "replays": self.replays,
                 "unix_time": now,
                 "copy_bytes": copy_bytes,
-                "copy_bytes_per_s": copy,
+                "roofline_bytes_per_s": roof,
+                "roofline": roof_how,
+                "copy_engine_bytes_per_s": engine,
+                "sorted_slots": self.sorted_slots,
                 "anchors": "shared/spec/anchors.md: the seed's Triton kernels on an H200, CUDA-graph replay",
                 "rows": rows,
                 "fused": fused_rows,
@@ -364,6 +415,31 @@ impl Job for BenchJob {
         }
         Ok(())
     }
+}
+
+/// Rewrites an insert case's cache slots in token order (the same slots,
+/// sorted, skipped tokens kept), so that consecutive tokens' records are
+/// adjacent: the bench's measure of what scattered stores cost.
+fn sort_slots(f: &mut VectorFile) -> Result<()> {
+    if f.op()? != Op::RopeQuantInsert {
+        return Ok(());
+    }
+    let key = "in.slot_mapping";
+    let t = f
+        .tensors
+        .get(key)
+        .ok_or_else(|| Error::Vectors(format!("insert case without {key}")))?;
+    let v = t.to_i64()?;
+    let mut valid: Vec<i64> = v.iter().copied().filter(|s| *s >= 0).collect();
+    valid.sort_unstable();
+    let mut it = valid.into_iter();
+    let sorted: Vec<i64> = v
+        .iter()
+        .map(|s| if *s >= 0 { it.next().unwrap_or(*s) } else { *s })
+        .collect();
+    let shape = t.shape.clone();
+    f.tensors.insert(key.into(), VTensor::i64(&shape, &sorted));
+    Ok(())
 }
 
 /// Time of `fused_save_compress_norm` then `rope_quant_insert` as two
