@@ -7,14 +7,15 @@
 #
 # The run: device parity in every kernel mapping (one process), the same run
 # under compute-sanitizer memcheck (fewer cases), graph capture and replay,
-# the seed vectors (test and `verify`), the same-errors test, `demo`, and the
+# the seed vectors (test and `verify`), the same-errors test, the reader's
+# device parity (gather_device), `demo`, and the
 # host cost of one eager launch beside an older build's when DIR/old/ holds
 # one (OLD_BIN=path/to/dsv4-kvcache at bundle time). Without an NVIDIA GPU it
 # prints SKIPPED with the reason and exits 0.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-TESTS=(device_parity cuda_graph seed_vectors same_errors)
+TESTS=(device_parity cuda_graph seed_vectors same_errors gather_device)
 
 bundle() {
     local out="$1"
@@ -81,6 +82,7 @@ run() {
     step cuda_graph "$bin/cuda_graph" --nocapture
     step seed_vectors "$bin/seed_vectors" --nocapture
     step same_errors "$bin/same_errors" --nocapture
+    step gather_device "$bin/gather_device" --nocapture
     step verify "$bin/dsv4-kvcache" verify --backend cuda "$dir"/vectors/seed_*.safetensors
     step demo "$bin/dsv4-kvcache" demo --backend cuda
     local cs
@@ -88,6 +90,8 @@ run() {
     if [ -n "$cs" ]; then
         step memcheck env DSV4_KVCACHE_PARITY_CASES="${GPU_CHECK_MEMCHECK_CASES:-1}" \
             "$cs" --tool memcheck --leak-check full --error-exitcode 1 "$bin/device_parity" --nocapture
+        step memcheck_gather "$cs" --tool memcheck --leak-check full --error-exitcode 1 \
+            "$bin/gather_device" --nocapture
     else
         echo "SKIPPED: memcheck (no compute-sanitizer on this machine)"
     fi
