@@ -326,6 +326,8 @@ class Local:
 
 
 def local_share(step: Step, b: Batch, rank: int, world: int) -> Local:
+    """Rank ``rank``'s tokens and packed ``query_start_loc`` (protocol step
+    1), its ``prev_row_indices`` (step 3) and the ring rows it stores (step 4)."""
     r_count = len(step.lengths)
     tokens, qsl, pri, own, tail = [], [0], [], [], []
     for r in range(r_count):
