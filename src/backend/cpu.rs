@@ -758,7 +758,9 @@ unsafe fn host_slice<'a>(b: &RawHost, desc: &TensorDesc) -> (&'a [u8], TensorDes
             unsafe { std::slice::from_raw_parts(s as *const u8, e - s) },
             desc.with_offset(0),
         ),
-        None => (&[], TensorDesc::contiguous(desc.dtype, &[0])),
+        // An empty view keeps its shape, so a zero-row batch still passes
+        // the plans' shape checks (the seed returns early on no tokens).
+        None => (&[], desc.with_offset(0)),
     }
 }
 
@@ -773,7 +775,7 @@ unsafe fn host_slice_mut<'a>(b: &RawHost, desc: &TensorDesc) -> (&'a mut [u8], T
             unsafe { std::slice::from_raw_parts_mut(s as *mut u8, e - s) },
             desc.with_offset(0),
         ),
-        None => (&mut [], TensorDesc::contiguous(desc.dtype, &[0])),
+        None => (&mut [], desc.with_offset(0)),
     }
 }
 
