@@ -10,7 +10,7 @@
 # the seed vectors (test and `verify`), the same-errors test, the reader's
 # device parity (gather_device), `demo`, and the
 # host cost of one eager launch beside an older build's when DIR/old/ holds
-# one (OLD_BIN=path/to/dsv4-kvcache at bundle time). Without an NVIDIA GPU it
+# one (OLD_BIN names an older build's binary when bundling). Without an NVIDIA GPU it
 # prints SKIPPED with the reason and exits 0.
 set -uo pipefail
 

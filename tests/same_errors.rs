@@ -445,3 +445,31 @@ fn the_launch_policy_picks_the_kernel() {
         assert_eq!(run(&mut b, p), [kernel]);
     }
 }
+
+/// A raw call with no token returns after the plan, before the address
+/// checks: a framework's empty tensors may have null addresses (torch's do),
+/// and the call touches no memory. A shape error is still reported.
+#[test]
+fn raw_calls_without_tokens_launch_nothing_and_accept_null_addresses() {
+    let b = stand_in();
+    let d = |dt, shape: &[usize]| TensorDesc::contiguous(dt, shape);
+    let null = RawDevice::new(0, 0);
+    let mut null_cache = RawDevice::new(0, 0);
+    let call = |width: usize, cache: &mut RawDevice| {
+        let args = InsertArgs {
+            latent: Tensor::new(&null, d(DType::BF16, &[0, width])),
+            positions: Tensor::new(&null, d(DType::I32, &[0])),
+            cos_sin_cache: Tensor::new(&null, d(DType::F32, &[0, 64])),
+            kv_cache: TensorMut::new(cache, d(DType::U8, &[0, BLOCK, 528])),
+            slot_mapping: Tensor::new(&null, d(DType::I32, &[0])),
+            compress_ratio: 1,
+            fp8_scale: None,
+        };
+        // SAFETY: no token: nothing is read, written or launched.
+        unsafe { b.rope_quant_insert_raw(&args, b.stream(), None) }
+    };
+    call(512, &mut null_cache).expect("an empty call is not an error");
+    assert!(b.driver().launched.lock().unwrap().is_empty());
+    let e = call(256, &mut null_cache).expect_err("a latent of 256 dims");
+    assert!(matches!(e, Error::Shape { arg: "latent", .. }), "{e}");
+}

@@ -405,8 +405,11 @@ impl<D: Driver> GpuBackend<D> {
     /// [`RawDevice::len`], extents); each address non-null and aligned as
     /// its view is read (16 bytes for rows and caches, the element size for
     /// index tensors and the cos/sin table, 4 for the FP8 scale), in the
-    /// order the arguments are declared; then `raw_counters`. Nothing is
-    /// allocated, copied or waited for, so the call can be captured.
+    /// order the arguments are declared; then `raw_counters`. A call with no
+    /// token (`N == 0`) returns after the first step, as the seed does: it
+    /// touches no memory, and a framework's empty tensors may have null
+    /// addresses. Nothing is allocated, copied or waited for, so the call
+    /// can be captured.
     ///
     /// # Safety
     /// * every `ptr` is a device address of this backend's device (in its
@@ -430,6 +433,11 @@ impl<D: Driver> GpuBackend<D> {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_insert(args)?;
+        if p.n == 0 {
+            // Nothing is read or written: a framework's empty tensors may
+            // have null addresses (the seed returns here too).
+            return Ok(());
+        }
         let t = bind::insert(args);
         bind::check_raw(&t)?;
         let c = self.raw_counters(raw_counters)?;
@@ -449,6 +457,11 @@ impl<D: Driver> GpuBackend<D> {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_compress(args)?;
+        if p.n == 0 {
+            // Nothing is read or written: a framework's empty tensors may
+            // have null addresses (the seed returns here too).
+            return Ok(());
+        }
         let t = bind::compress(args, &p);
         bind::check_raw(&t)?;
         let c = self.raw_counters(raw_counters)?;
@@ -468,6 +481,11 @@ impl<D: Driver> GpuBackend<D> {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_ring_rows(args)?;
+        if p.n == 0 {
+            // Nothing is read or written: a framework's empty tensors may
+            // have null addresses (the seed returns here too).
+            return Ok(());
+        }
         let t = bind::ring(args);
         bind::check_raw(&t)?;
         let c = self.raw_counters(raw_counters)?;
@@ -487,6 +505,11 @@ impl<D: Driver> GpuBackend<D> {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_fused(args)?;
+        if p.compress.n == 0 {
+            // Nothing is read or written: a framework's empty tensors may
+            // have null addresses (the seed returns here too).
+            return Ok(());
+        }
         let t = bind::fused(args, &p);
         bind::check_raw(&t)?;
         let c = self.raw_counters(raw_counters)?;
