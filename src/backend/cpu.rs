@@ -9,7 +9,7 @@
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::formats::bf16_to_f32;
-use crate::gather::{gather_reference, plan_gather, GatherArgs, GatherDequant};
+use crate::gather::{gather_reference, plan_gather, GatherArgs};
 use crate::layout::{RecordLayout, DIM};
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, CachePlan, CompressArgs, CompressPlan,
@@ -681,6 +681,13 @@ impl Backend for CpuBackend {
         self.fused_on(a, self.sanitize)
     }
 
+    fn gather_dequant(&self, a: GatherArgs<'_, Vec<u8>>) -> Result<()> {
+        let p = plan_gather(&a)?;
+        let counts = self.run(|| gather_reference(&p, a));
+        self.count(counts);
+        Ok(())
+    }
+
     fn take_skip_counts(&self) -> Result<SkipCounts> {
         let mut g = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
         Ok(std::mem::take(&mut *g))
@@ -986,14 +993,5 @@ impl CpuBackend {
             }
         };
         self.fused_on(bound, sanitize)
-    }
-}
-
-impl GatherDequant for CpuBackend {
-    fn gather_dequant(&self, a: GatherArgs<'_, Vec<u8>>) -> Result<()> {
-        let p = plan_gather(&a)?;
-        let counts = self.run(|| gather_reference(&p, a));
-        self.count(counts);
-        Ok(())
     }
 }
