@@ -432,25 +432,28 @@ fn sum_counts(mut a: SkipCounts, b: SkipCounts) -> SkipCounts {
 /// The reference `gather_dequant` on a validated plan: rows in parallel on
 /// the current rayon pool (each output row is written by one index at most,
 /// so the order does not matter). Returns the skip counts.
-pub(crate) fn gather_reference(p: &GatherPlan, a: GatherArgs<'_, Vec<u8>>) -> SkipCounts {
+pub(crate) fn gather_reference<S>(p: &GatherPlan, a: GatherArgs<'_, S>) -> SkipCounts
+where
+    S: Storage + AsRef<[u8]> + AsMut<[u8]> + ?Sized,
+{
     let (slots, table, cu, starts): (&[u8], &[u8], &[u8], &[u8]) = match &a.index {
-        GatherIndex::Slots { slot_mapping } => (slot_mapping.buf, &[], &[], &[]),
+        GatherIndex::Slots { slot_mapping } => (slot_mapping.buf.as_ref(), &[], &[], &[]),
         GatherIndex::BlockTable {
             block_table,
             cu_seq_lens,
             seq_starts,
         } => (
             &[],
-            block_table.buf,
-            cu_seq_lens.buf,
-            seq_starts.as_ref().map_or(&[][..], |t| t.buf.as_slice()),
+            block_table.buf.as_ref(),
+            cu_seq_lens.buf.as_ref(),
+            seq_starts.as_ref().map_or(&[][..], |t| t.buf.as_ref()),
         ),
     };
     let src = GatherIn {
         p,
-        cache: a.kv_cache.buf,
+        cache: a.kv_cache.buf.as_ref(),
         fp8_scale: match (p.fp8_scale_offset, &a.fp8_scale) {
-            (Some(o), Some(t)) => f32::from_le_bytes(t.buf[o..o + 4].try_into().expect("4 bytes")),
+            (Some(o), Some(t)) => f32::from_le_bytes(t.buf.as_ref()[o..o + 4].try_into().expect("4 bytes")),
             _ => 1.0,
         },
         slots,
@@ -466,7 +469,7 @@ pub(crate) fn gather_reference(p: &GatherPlan, a: GatherArgs<'_, Vec<u8>>) -> Sk
     let (stride, row_bytes) = (p.out.row_stride * esz, DIM * esz);
     let start = p.out.offset;
     let end = start + (p.n - 1) * stride + row_bytes;
-    let rows = a.out.buf[start..end]
+    let rows = a.out.buf.as_mut()[start..end]
         .par_chunks_mut(stride)
         .enumerate()
         .map(|(o, chunk)| src.row(o, &mut chunk[..row_bytes]))
