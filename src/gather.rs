@@ -453,7 +453,9 @@ where
         p,
         cache: a.kv_cache.buf.as_ref(),
         fp8_scale: match (p.fp8_scale_offset, &a.fp8_scale) {
-            (Some(o), Some(t)) => f32::from_le_bytes(t.buf.as_ref()[o..o + 4].try_into().expect("4 bytes")),
+            (Some(o), Some(t)) => {
+                f32::from_le_bytes(t.buf.as_ref()[o..o + 4].try_into().expect("4 bytes"))
+            }
             _ => 1.0,
         },
         slots,
