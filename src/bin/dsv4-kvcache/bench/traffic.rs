@@ -34,6 +34,18 @@ pub(crate) fn traffic(f: &VectorFile, layout: Option<RecordLayout>) -> Result<u6
             written * (1024 + w)
         }
         Op::SaveRingRows => slots.iter().filter(|s| **s >= 0).count() as u64 * 8192,
+        // The reader: a record read and a 512-value row written per output
+        // row (the slot form's rows; the block table's output rows).
+        Op::GatherDequant => {
+            let w = layout.map_or(0, |l| l.record_bytes()) as u64;
+            let out = f.input("out");
+            let rows = if slots.is_empty() {
+                out.map_or(0, |t| t.shape[0]) as u64
+            } else {
+                slots.iter().filter(|s| **s >= 0).count() as u64
+            };
+            rows * (w + 512 * out.map_or(2, |t| t.dtype.size()) as u64)
+        }
         Op::FusedSaveCompressNorm | Op::FusedCompressInsert => {
             if f.compress_ratio()? == 1 {
                 slots.iter().filter(|s| **s >= 0).count() as u64 * 3072
