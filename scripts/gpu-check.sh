@@ -14,7 +14,7 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-TESTS=(device_parity cuda_graph seed_vectors same_errors)
+TESTS=(device_parity cuda_graph seed_vectors same_errors gather_device)
 
 bundle() {
     local out="$1"
@@ -39,7 +39,7 @@ bundle() {
     if [ -n "${OLD_BIN:-}" ]; then
         "${strip[@]}" "$OLD_BIN" "$out/old/dsv4-kvcache"
     fi
-    cp tests/vectors/seed_*.safetensors "$out/vectors/"
+    cp tests/vectors/seed_*.safetensors tests/vectors/gather_*.safetensors "$out/vectors/"
     cp "$here/gpu-check.sh" "$out/"
     echo "gpu-check: bundle in $out"
 }
@@ -81,7 +81,8 @@ run() {
     step cuda_graph "$bin/cuda_graph" --nocapture
     step seed_vectors "$bin/seed_vectors" --nocapture
     step same_errors "$bin/same_errors" --nocapture
-    step verify "$bin/dsv4-kvcache" verify --backend cuda "$dir"/vectors/seed_*.safetensors
+    step gather_device "$bin/gather_device" --nocapture
+    step verify "$bin/dsv4-kvcache" verify --backend cuda "$dir"/vectors/seed_*.safetensors "$dir"/vectors/gather_*.safetensors
     step demo "$bin/dsv4-kvcache" demo --backend cuda
     local cs
     cs="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
