@@ -9,7 +9,7 @@
 # under compute-sanitizer memcheck (fewer cases), graph capture and replay,
 # the seed vectors (test and `verify`), the same-errors test, `demo`, and the
 # host cost of one eager launch beside an older build's when DIR/old/ holds
-# one (OLD_BIN=path/to/dsv4-kvcache at bundle time). Without an NVIDIA GPU it
+# one (OLD_BIN=path/to/the/old/dsv4-kvcache, set when bundling). Without an NVIDIA GPU it
 # prints SKIPPED with the reason and exits 0.
 set -uo pipefail
 
