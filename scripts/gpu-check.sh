@@ -40,7 +40,7 @@ bundle() {
     if [ -n "${OLD_BIN:-}" ]; then
         "${strip[@]}" "$OLD_BIN" "$out/old/dsv4-kvcache"
     fi
-    cp tests/vectors/seed_*.safetensors "$out/vectors/"
+    cp tests/vectors/seed_*.safetensors tests/vectors/gather_*.safetensors "$out/vectors/"
     cp "$here/gpu-check.sh" "$out/"
     echo "gpu-check: bundle in $out"
 }
@@ -83,7 +83,7 @@ run() {
     step seed_vectors "$bin/seed_vectors" --nocapture
     step same_errors "$bin/same_errors" --nocapture
     step gather_device "$bin/gather_device" --nocapture
-    step verify "$bin/dsv4-kvcache" verify --backend cuda "$dir"/vectors/seed_*.safetensors
+    step verify "$bin/dsv4-kvcache" verify --backend cuda "$dir"/vectors/seed_*.safetensors "$dir"/vectors/gather_*.safetensors
     step demo "$bin/dsv4-kvcache" demo --backend cuda
     local cs
     cs="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"

@@ -16,13 +16,13 @@
 //! decodes to in `docs/numerics.md` ("Decoding").
 //!
 //! This module holds the arguments, their validation into a [`GatherPlan`],
-//! the reference implementation (run by [`crate::CpuBackend`]), and the
+//! the reference implementation (run by [`crate::CpuBackend`]; every backend
+//! implements [`crate::Backend::gather_dequant`]), and the
 //! device launch interface: the kernels ([`gather_kernel`]), the parameter
 //! block ([`gather_params`] fills `KvGatherParams` of `kernels-hip/kv_abi.h`,
 //! generated into [`crate::kernel_abi::GatherParams`]), and the launch shape.
 
 use crate::backend::cpu::rd_index;
-use crate::backend::Backend;
 use crate::error::Result;
 use crate::formats::{bf16_from_f32, f32_canonical};
 use crate::kernel_abi::{flags as abi_flags, GatherParams, Geometry, Kernel, KernelParams};
@@ -269,19 +269,6 @@ pub fn plan_gather<S: Storage + ?Sized>(a: &GatherArgs<'_, S>) -> Result<GatherP
     })
 }
 
-/// `gather_dequant` on a backend.
-///
-/// The CPU reference implements it here; the device backends add it when
-/// their launches are wired (`docs/layouts.md`, "Reading records back", says
-/// what a launch must do). Like the other operations it validates everything
-/// before writing, allocates nothing on the device and does not wait for it.
-pub trait GatherDequant: Backend {
-    /// Gathers the records `args.index` names from `args.kv_cache` and writes
-    /// them dequantized into `args.out`; out-of-range indices are skipped
-    /// and counted ([`Backend::take_skip_counts`]).
-    fn gather_dequant(&self, args: GatherArgs<'_, Self::Buffer>) -> Result<()>;
-}
-
 // ---- the reference ------------------------------------------------------
 
 /// Where an output row's record is, or why there is none.
@@ -445,25 +432,30 @@ fn sum_counts(mut a: SkipCounts, b: SkipCounts) -> SkipCounts {
 /// The reference `gather_dequant` on a validated plan: rows in parallel on
 /// the current rayon pool (each output row is written by one index at most,
 /// so the order does not matter). Returns the skip counts.
-pub(crate) fn gather_reference(p: &GatherPlan, a: GatherArgs<'_, Vec<u8>>) -> SkipCounts {
+pub(crate) fn gather_reference<S>(p: &GatherPlan, a: GatherArgs<'_, S>) -> SkipCounts
+where
+    S: Storage + AsRef<[u8]> + AsMut<[u8]> + ?Sized,
+{
     let (slots, table, cu, starts): (&[u8], &[u8], &[u8], &[u8]) = match &a.index {
-        GatherIndex::Slots { slot_mapping } => (slot_mapping.buf, &[], &[], &[]),
+        GatherIndex::Slots { slot_mapping } => (slot_mapping.buf.as_ref(), &[], &[], &[]),
         GatherIndex::BlockTable {
             block_table,
             cu_seq_lens,
             seq_starts,
         } => (
             &[],
-            block_table.buf,
-            cu_seq_lens.buf,
-            seq_starts.as_ref().map_or(&[][..], |t| t.buf.as_slice()),
+            block_table.buf.as_ref(),
+            cu_seq_lens.buf.as_ref(),
+            seq_starts.as_ref().map_or(&[][..], |t| t.buf.as_ref()),
         ),
     };
     let src = GatherIn {
         p,
-        cache: a.kv_cache.buf,
+        cache: a.kv_cache.buf.as_ref(),
         fp8_scale: match (p.fp8_scale_offset, &a.fp8_scale) {
-            (Some(o), Some(t)) => f32::from_le_bytes(t.buf[o..o + 4].try_into().expect("4 bytes")),
+            (Some(o), Some(t)) => {
+                f32::from_le_bytes(t.buf.as_ref()[o..o + 4].try_into().expect("4 bytes"))
+            }
             _ => 1.0,
         },
         slots,
@@ -479,7 +471,7 @@ pub(crate) fn gather_reference(p: &GatherPlan, a: GatherArgs<'_, Vec<u8>>) -> Sk
     let (stride, row_bytes) = (p.out.row_stride * esz, DIM * esz);
     let start = p.out.offset;
     let end = start + (p.n - 1) * stride + row_bytes;
-    let rows = a.out.buf[start..end]
+    let rows = a.out.buf.as_mut()[start..end]
         .par_chunks_mut(stride)
         .enumerate()
         .map(|(o, chunk)| src.row(o, &mut chunk[..row_bytes]))
@@ -553,9 +545,10 @@ pub struct GatherPtrs {
 }
 
 /// Launches of at least this many rows give each group two rows
-/// ([`GatherLaunch::two_rows`]): twice the bytes in flight per group,
-/// where smaller launches want every row on its own group to spread over
-/// more SMs. A first choice, to be measured on the H200.
+/// ([`GatherLaunch::two_rows`]) unless the launch policy forces the choice
+/// ([`LaunchPolicy::gather_two_rows`]): twice the bytes in flight per
+/// group, where smaller launches want every row on its own group to spread
+/// over more SMs. A first choice, to be measured on the H200.
 pub const GATHER_TWO_ROWS_MIN: usize = 8192;
 
 /// The shape of one gather launch.
@@ -567,18 +560,14 @@ pub struct GatherLaunch {
     pub two_rows: bool,
 }
 
-/// The launch for `n` rows under `policy`; `two_rows` forces the rows per
-/// group (else [`GATHER_TWO_ROWS_MIN`] decides). `None` when there is
-/// nothing to launch.
-pub fn gather_launch(
-    policy: &LaunchPolicy,
-    n: usize,
-    two_rows: Option<bool>,
-) -> Option<GatherLaunch> {
+/// The launch for `n` rows under `policy` (its
+/// [`LaunchPolicy::gather_two_rows`], else [`GATHER_TWO_ROWS_MIN`], picks
+/// the rows per group). `None` when there is nothing to launch.
+pub fn gather_launch(policy: &LaunchPolicy, n: usize) -> Option<GatherLaunch> {
     if n == 0 {
         return None;
     }
-    let two_rows = two_rows.unwrap_or(n >= GATHER_TWO_ROWS_MIN);
+    let two_rows = policy.gather_two_rows.unwrap_or(n >= GATHER_TWO_ROWS_MIN);
     let groups = if two_rows { n.div_ceil(2) } else { n };
     Some(GatherLaunch {
         geometry: policy.geometry(groups as u64),
@@ -693,8 +682,7 @@ mod tests {
 
     #[test]
     fn launches_cover_every_row() {
-        let pol = LaunchPolicy::default();
-        assert_eq!(gather_launch(&pol, 0, None), None);
+        assert_eq!(gather_launch(&LaunchPolicy::default(), 0), None);
         for n in [
             1usize,
             2,
@@ -707,7 +695,11 @@ mod tests {
             65537,
         ] {
             for force in [None, Some(false), Some(true)] {
-                let l = gather_launch(&pol, n, force).unwrap();
+                let pol = LaunchPolicy {
+                    gather_two_rows: force,
+                    ..LaunchPolicy::default()
+                };
+                let l = gather_launch(&pol, n).unwrap();
                 let groups = u64::from(l.geometry.grid) << l.geometry.groups_log2;
                 let rows = groups * if l.two_rows { 2 } else { 1 };
                 assert!(rows >= n as u64, "n {n} {force:?}");

@@ -103,14 +103,18 @@ pub struct LaunchPolicy {
     pub cr2_screen: Option<bool>,
     /// Tile-major CR1 inserts (where the layout has a tile-major kernel).
     pub insert_tiles: Option<bool>,
+    /// Two rows per group in `gather_dequant` launches (else from
+    /// [`crate::gather::GATHER_TWO_ROWS_MIN`] rows on).
+    pub gather_two_rows: Option<bool>,
 }
 
 /// The override variables [`LaunchPolicy::from_env`] reads.
-pub const POLICY_ENV_VARS: [&str; 4] = [
+pub const POLICY_ENV_VARS: [&str; 5] = [
     "DSV4_KVCACHE_GROUPS_PER_BLOCK",
     "DSV4_KVCACHE_CR2_TEAMS",
     "DSV4_KVCACHE_CR2_SCREEN",
     "DSV4_KVCACHE_INSERT_TILES",
+    "DSV4_KVCACHE_GATHER_TWO_ROWS",
 ];
 
 impl LaunchPolicy {
@@ -120,14 +124,16 @@ impl LaunchPolicy {
         cr2_items: None,
         cr2_screen: None,
         insert_tiles: None,
+        gather_two_rows: None,
     };
 
     /// The eight policies that together launch every kernel on decode-sized
     /// cases, labelled with the environment that builds each: the measured
     /// heuristics (CR2 in teams, a token per group for CR1 inserts), lone
     /// groups, pairs, lone groups by halves, screened teams, screened pairs,
-    /// tile-major inserts, and blocks of 8 groups with tile-major inserts
-    /// and lone CR2 groups.
+    /// tile-major inserts with gathers of a row per group, and blocks of 8
+    /// groups with tile-major inserts, lone CR2 groups and gathers of two
+    /// rows per group (so both gather shapes run at every size).
     pub const MAPPINGS: [(&'static str, LaunchPolicy); 8] = {
         let m = LaunchPolicy::MEASURED;
         [
@@ -169,18 +175,20 @@ impl LaunchPolicy {
                 },
             ),
             (
-                "DSV4_KVCACHE_INSERT_TILES=1",
+                "DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_GATHER_TWO_ROWS=0",
                 LaunchPolicy {
                     insert_tiles: Some(true),
+                    gather_two_rows: Some(false),
                     ..m
                 },
             ),
             (
-                "DSV4_KVCACHE_GROUPS_PER_BLOCK=8 DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_CR2_TEAMS=0",
+                "DSV4_KVCACHE_GROUPS_PER_BLOCK=8 DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_CR2_TEAMS=0 DSV4_KVCACHE_GATHER_TWO_ROWS=1",
                 LaunchPolicy {
                     groups_per_block: Some(8),
                     insert_tiles: Some(true),
                     cr2_items: Some(Cr2Items::Lone),
+                    gather_two_rows: Some(true),
                     ..m
                 },
             ),
@@ -221,6 +229,7 @@ impl LaunchPolicy {
             }),
             cr2_screen: switch(POLICY_ENV_VARS[2])?,
             insert_tiles: switch(POLICY_ENV_VARS[3])?,
+            gather_two_rows: switch(POLICY_ENV_VARS[4])?,
         })
     }
 
@@ -399,7 +408,14 @@ impl LaunchPolicy {
         let gpb = self
             .groups_per_block
             .map_or("by size".to_string(), |g| g.to_string());
-        format!("CR2 kernels: {cr2}; CR1 inserts: {tiles}; groups per block: {gpb}")
+        let gather = match self.gather_two_rows {
+            None => "two rows per group from a size on",
+            Some(false) => "a row per group",
+            Some(true) => "two rows per group",
+        };
+        format!(
+            "CR2 kernels: {cr2}; CR1 inserts: {tiles}; gathers: {gather}; groups per block: {gpb}"
+        )
     }
 }
 
@@ -480,6 +496,7 @@ mod tests {
             ("DSV4_KVCACHE_CR2_TEAMS", "4"),
             ("DSV4_KVCACHE_CR2_SCREEN", "yes"),
             ("DSV4_KVCACHE_INSERT_TILES", "2"),
+            ("DSV4_KVCACHE_GATHER_TWO_ROWS", "on"),
         ] {
             let r = LaunchPolicy::from_lookup(|k| (k == var).then(|| bad.to_string()));
             assert!(

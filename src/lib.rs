@@ -43,7 +43,7 @@ pub use backend::cuda::CudaBackend;
 pub use backend::hip::HipBackend;
 pub use backend::Backend;
 pub use error::{Error, Result};
-pub use gather::{GatherArgs, GatherDequant, GatherIndex};
+pub use gather::{GatherArgs, GatherIndex};
 pub use launch::LaunchPolicy;
 pub use layout::RecordLayout;
 pub use ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};

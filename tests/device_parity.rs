@@ -242,6 +242,9 @@ impl Backend for FlipsAByte {
     fn fused_compress_insert(&self, a: dsv4_kvcache::FusedArgs<'_, Self::Buffer>) -> Result<()> {
         self.0.fused_compress_insert(a)
     }
+    fn gather_dequant(&self, a: dsv4_kvcache::GatherArgs<'_, Self::Buffer>) -> Result<()> {
+        self.0.gather_dequant(a)
+    }
     fn take_skip_counts(&self) -> Result<SkipCounts> {
         self.0.take_skip_counts()
     }

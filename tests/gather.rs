@@ -11,8 +11,8 @@ use dsv4_kvcache::formats::{bf16_from_f32, f32_canonical};
 use dsv4_kvcache::layout::{decode_record, DIM};
 use dsv4_kvcache::ops::SkipCounts;
 use dsv4_kvcache::{
-    CpuBackend, DType, Error, GatherArgs, GatherDequant, GatherIndex, RecordLayout, Tensor,
-    TensorDesc, TensorMut,
+    Backend, CpuBackend, DType, Error, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc,
+    TensorMut,
 };
 use gather_cases::{
     cache_desc, canary_byte, every_code_case, every_code_scales, fill_cache, random_case, Case,

@@ -4,35 +4,31 @@
 //! (every code under every scale, NaN codes, scale 0xFF, -0, subnormals)
 //! and inserted records, wild indices; the whole output buffer (canaries
 //! around and between the rows) and the skip counts are compared. Sizes run
-//! from 1 row to past `gather::GATHER_TWO_ROWS_MIN`, so both launch shapes
-//! (a row per group, two rows per group) are checked.
+//! from 1 row to past `gather::GATHER_TWO_ROWS_MIN`, and every case runs
+//! under each of `LaunchPolicy::MAPPINGS` (two of which force a row per
+//! group and two rows per group), so both launch shapes are checked at
+//! every size. A few cases also run captured in a graph and replayed, and
+//! through the raw entry point on the backend's stream, against the eager
+//! launch.
 //!
-//! A device backend runs these once it implements `GatherDequant` (the
-//! device wiring); the build switch is the `dsv4_kvcache_gather_device`
-//! cfg (`RUSTFLAGS="--cfg dsv4_kvcache_gather_device"`), which that wiring
-//! removes. Without it, or without a GPU, each test prints SKIPPED with the
-//! reason; with `DSV4_KVCACHE_REQUIRE_GPU=1` a missing CUDA GPU fails.
+//! Without a GPU each test prints SKIPPED with the reason;
+//! `DSV4_KVCACHE_REQUIRE_GPU` makes a missing device a failure
+//! (`tests/gpu_required`).
+
+// Built without both GPU features, the device paths below are compiled out.
+#![cfg_attr(
+    not(all(feature = "cuda", feature = "hip")),
+    allow(dead_code, unused_imports)
+)]
 
 mod gather_cases;
+#[path = "gpu_required/mod.rs"]
+mod gpu_required;
 
-use dsv4_kvcache::gather::{GatherDequant, GATHER_TWO_ROWS_MIN};
-use dsv4_kvcache::{CpuBackend, RecordLayout};
+use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
+use dsv4_kvcache::gather::GATHER_TWO_ROWS_MIN;
+use dsv4_kvcache::{Backend, CpuBackend, LaunchPolicy, RecordLayout};
 use gather_cases::{every_code_case, every_code_scales, random_case, Case};
-use std::io::Write;
-
-/// Writes past the test harness's capture, so a skip shows in a plain
-/// `cargo test`.
-fn skipped(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED {msg} ***\n");
-}
-
-#[cfg_attr(
-    not(all(feature = "cuda", dsv4_kvcache_gather_device)),
-    allow(dead_code)
-)]
-fn require_gpu() -> bool {
-    std::env::var("DSV4_KVCACHE_REQUIRE_GPU").is_ok_and(|v| v == "1")
-}
 
 /// Every case the device runs.
 fn cases() -> Vec<Case> {
@@ -57,12 +53,10 @@ fn cases() -> Vec<Case> {
 }
 
 /// The labels of the cases where `dev` differs from the reference (whole
-/// output buffers and skip counts).
-fn mismatches<B: GatherDequant>(dev: &B, all: &[Case]) -> Vec<String> {
-    let cpu = CpuBackend::new();
+/// output buffers and skip counts); `want` holds the reference's outcomes.
+fn mismatches<B: Backend>(dev: &B, all: &[Case], want: &[gather_cases::Outcome]) -> Vec<String> {
     let mut bad = Vec::new();
-    for case in all {
-        let want = case.run(&cpu).expect("the reference runs every case");
+    for (case, want) in all.iter().zip(want) {
         let got = match case.run(dev) {
             Ok(g) => g,
             Err(e) => {
@@ -70,7 +64,7 @@ fn mismatches<B: GatherDequant>(dev: &B, all: &[Case]) -> Vec<String> {
                 continue;
             }
         };
-        if want != got {
+        if *want != got {
             let bytes = want
                 .out
                 .iter()
@@ -89,57 +83,174 @@ fn mismatches<B: GatherDequant>(dev: &B, all: &[Case]) -> Vec<String> {
     bad
 }
 
-#[cfg_attr(
-    not(all(any(feature = "cuda", feature = "hip"), dsv4_kvcache_gather_device)),
-    allow(dead_code)
-)]
-fn check_backend<B: GatherDequant>(dev: &B) {
+fn reference(all: &[Case]) -> Vec<gather_cases::Outcome> {
+    let cpu = CpuBackend::new();
+    all.iter()
+        .map(|c| c.run(&cpu).expect("the reference runs every case"))
+        .collect()
+}
+
+/// Every case under every launch mapping on `dev`; then graph and raw
+/// launches against eager ones.
+fn check_gpu<D: Driver>(dev: &mut GpuBackend<D>) {
     let all = cases();
-    let bad = mismatches(dev, &all);
-    println!(
-        "GATHER PARITY {}: {} cases, {} mismatching",
-        dev.name(),
-        all.len(),
-        bad.len()
+    let want = reference(&all);
+    let before = dev.launch_policy();
+    let mut failed = 0;
+    for (label, policy) in LaunchPolicy::MAPPINGS {
+        dev.set_launch_policy(policy);
+        let bad = mismatches(dev, &all, &want);
+        println!(
+            "GATHER PARITY {} [{label}]: {} cases, {} mismatching",
+            dev.name(),
+            all.len(),
+            bad.len()
+        );
+        failed += bad.len();
+    }
+    dev.set_launch_policy(before);
+    assert_eq!(
+        failed, 0,
+        "device output differs from the reference in {failed} case runs"
     );
-    assert!(
-        bad.is_empty(),
-        "device output differs from the reference in {} cases",
-        bad.len()
+    graph_and_raw_match_eager(dev, &all);
+}
+
+/// A few cases (both forms, every layout, both shapes) captured into a graph
+/// and replayed, and launched through `gather_dequant_raw` on the backend's
+/// stream with caller-held counters: the same bytes and counts as eager.
+fn graph_and_raw_match_eager<D: Driver>(dev: &GpuBackend<D>, all: &[Case]) {
+    let picked: Vec<&Case> = all
+        .iter()
+        .filter(|c| c.label.contains("wild true") || c.label.contains("every code"))
+        .step_by(5)
+        .collect();
+    assert!(picked.len() >= 8);
+    let mut counters = dev.alloc_zeroed(12).expect("counters");
+    for case in picked {
+        dev.write(&mut counters, &[0; 12]).unwrap();
+        let eager = case.run(dev).expect("eager");
+        // Graph: captured once, replayed twice on a fresh canary output;
+        // replays overwrite the same rows with the same bytes.
+        dev.take_skip_counts().unwrap();
+        let mut u = case.upload(dev).expect("upload");
+        let graph = {
+            let (cache, index, fp8) = (&u.cache, &u.index, u.fp8.as_ref());
+            let out = &mut u.out;
+            dev.capture(1, || {
+                dev.gather_dequant(case.args(cache, index, fp8, &mut *out))
+            })
+            .expect("the reader can be captured")
+        };
+        let fresh = dev.read(&u.out).unwrap();
+        assert_eq!(
+            fresh,
+            case.canary_out(),
+            "{}: capture ran the launch",
+            case.label
+        );
+        // SAFETY: every buffer the graph uses lives until after the reads.
+        unsafe {
+            graph.launch().unwrap();
+            graph.launch().unwrap();
+        }
+        let got = dev.read(&u.out).unwrap();
+        let counts = dev.take_skip_counts().unwrap();
+        assert_eq!(
+            got, eager.out,
+            "{}: graph replay differs from eager",
+            case.label
+        );
+        let doubled = {
+            let mut c = eager.counts;
+            c.add(eager.counts);
+            c
+        };
+        assert_eq!(counts, doubled, "{}: two replays count twice", case.label);
+        drop(graph);
+        // Raw: the same memory through RawDevice pointers, counted at
+        // caller-held counters.
+        let raw = case.upload(dev).expect("upload");
+        let index: Vec<_> = raw.index.iter().map(|b| b.as_raw()).collect();
+        let (cache, fp8) = (raw.cache.as_raw(), raw.fp8.as_ref().map(|f| f.as_raw()));
+        let mut out = raw.out.as_raw();
+        let args = case.args(&cache, &index, fp8.as_ref(), &mut out);
+        // SAFETY: the buffers are this backend's and outlive the launch,
+        // which is waited for by the read below.
+        unsafe {
+            dev.gather_dequant_raw(&args, dev.stream(), Some(counters.device_ptr()))
+                .expect("raw launch");
+        }
+        let got = dev.read(&raw.out).unwrap();
+        assert_eq!(
+            got, eager.out,
+            "{}: raw launch differs from eager",
+            case.label
+        );
+        let c = dev.read(&counters).unwrap();
+        let total: u64 = c
+            .chunks_exact(4)
+            .map(|w| u64::from(u32::from_le_bytes(w.try_into().unwrap())))
+            .sum();
+        assert_eq!(total, eager.counts.total(), "{}: raw counters", case.label);
+        assert_eq!(
+            dev.take_skip_counts().unwrap().total(),
+            0,
+            "{}: the raw launch counted in the caller's counters only",
+            case.label
+        );
+    }
+    println!(
+        "GATHER GRAPH/RAW {}: replays and raw launches match eager",
+        dev.name()
     );
 }
 
 #[test]
 fn cuda_matches_reference() {
-    #[cfg(all(feature = "cuda", dsv4_kvcache_gather_device))]
-    match dsv4_kvcache::CudaBackend::new(0) {
-        Ok(b) => check_backend(&b),
-        Err(e) => {
-            skipped(&format!("gather cuda_matches_reference: {e}"));
-            assert!(
-                !require_gpu(),
-                "DSV4_KVCACHE_REQUIRE_GPU=1 but no CUDA device: {e}"
-            );
+    #[cfg(feature = "cuda")]
+    {
+        use dsv4_kvcache::backend::cuda::CudaDriver;
+        match dsv4_kvcache::CudaBackend::new(0) {
+            Ok(mut b) => check_gpu(&mut b),
+            Err(e) => gpu_required::skip_or_fail(
+                "gather cuda_matches_reference",
+                "cuda",
+                CudaDriver::library_present(),
+                &e,
+            ),
         }
     }
-    #[cfg(not(all(feature = "cuda", dsv4_kvcache_gather_device)))]
-    skipped(
-        "gather cuda_matches_reference: this build's CUDA backend does not launch gather_dequant \
-         (needs the `cuda` feature and the dsv4_kvcache_gather_device cfg of the device wiring)",
+    #[cfg(not(feature = "cuda"))]
+    gpu_required::skip_or_fail(
+        "gather cuda_matches_reference",
+        "cuda",
+        false,
+        &"built without the `cuda` feature",
     );
 }
 
 #[test]
 fn hip_matches_reference() {
-    #[cfg(all(feature = "hip", dsv4_kvcache_gather_device))]
-    match dsv4_kvcache::HipBackend::new(0) {
-        Ok(b) => check_backend(&b),
-        Err(e) => skipped(&format!("gather hip_matches_reference: {e}")),
+    #[cfg(feature = "hip")]
+    {
+        use dsv4_kvcache::backend::hip::HipDriver;
+        match dsv4_kvcache::HipBackend::new(0) {
+            Ok(mut b) => check_gpu(&mut b),
+            Err(e) => gpu_required::skip_or_fail(
+                "gather hip_matches_reference",
+                "hip",
+                HipDriver::library_present(),
+                &e,
+            ),
+        }
     }
-    #[cfg(not(all(feature = "hip", dsv4_kvcache_gather_device)))]
-    skipped(
-        "gather hip_matches_reference: this build's HIP backend does not launch gather_dequant \
-         (needs the `hip` feature and the dsv4_kvcache_gather_device cfg of the device wiring)",
+    #[cfg(not(feature = "hip"))]
+    gpu_required::skip_or_fail(
+        "gather hip_matches_reference",
+        "hip",
+        false,
+        &"built without the `hip` feature",
     );
 }
 
@@ -150,7 +261,7 @@ fn harness_detects_differences() {
     let one = CpuBackend::with_threads(1).expect("pool");
     let all: Vec<Case> = cases().into_iter().step_by(7).collect();
     assert!(
-        mismatches(&one, &all).is_empty(),
+        mismatches(&one, &all, &reference(&all)).is_empty(),
         "thread count changed the bytes"
     );
     let cpu = CpuBackend::new();

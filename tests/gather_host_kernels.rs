@@ -132,7 +132,11 @@ fn run_host(exe: &PathBuf, case: &Case, two_rows: Option<bool>) -> (Vec<u8>, Ski
         })
         .expect("the case is valid")
     };
-    let Some(launch) = gather_launch(&LaunchPolicy::default(), plan.n, two_rows) else {
+    let policy = LaunchPolicy {
+        gather_two_rows: two_rows,
+        ..LaunchPolicy::default()
+    };
+    let Some(launch) = gather_launch(&policy, plan.n) else {
         return (out, SkipCounts::default());
     };
     let bufs: [&[u8]; 7] = [&case.cache, &slots, &table, &cu, &starts, &fp8, &out];

@@ -209,6 +209,8 @@ fn model(c: &Case) -> Effects {
             }
             fx.skips = sk;
         }
+        // The reader's model is tests/gather.rs's.
+        Op::GatherDequant => panic!("{}: gather_dequant is modelled in tests/gather.rs", c.name),
         Op::SaveRingRows => {
             let ring = c.state_cache.as_ref().expect("ring").desc;
             let (blocks, cap) = (ring.shape()[0] as i64, ring.shape()[1] as i64);

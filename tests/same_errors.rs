@@ -5,8 +5,11 @@
 //! write nothing. The raw entry points check in one order on every GPU
 //! backend: the plan, then each address in argument order, then the
 //! counters. The stand-in also shows the launch policy choosing kernels.
+//! The reader (`gather_dequant`) is held to the same: its bad calls (safe
+//! and raw) give the CPU's errors everywhere and write nothing.
 
 mod common;
+mod gather_cases;
 #[path = "gpu_required/mod.rs"]
 mod gpu_required;
 
@@ -233,6 +236,11 @@ fn cuda_gives_the_cpu_errors() {
                 signatures(&raw_errors(&b)),
                 signatures(&raw_errors(&stand_in()))
             );
+            gathers_agree_with_cpu(&b);
+            assert_eq!(
+                signatures(&raw_gather_errors(&b)),
+                signatures(&raw_gather_errors(&stand_in()))
+            );
         }
         Err(e) => gpu_required::skip_or_fail(
             "cuda_gives_the_cpu_errors",
@@ -259,6 +267,11 @@ fn hip_gives_the_cpu_errors() {
             assert_eq!(
                 signatures(&raw_errors(&b)),
                 signatures(&raw_errors(&stand_in()))
+            );
+            gathers_agree_with_cpu(&b);
+            assert_eq!(
+                signatures(&raw_gather_errors(&b)),
+                signatures(&raw_gather_errors(&stand_in()))
             );
         }
         Err(e) => gpu_required::skip_or_fail(
@@ -330,6 +343,7 @@ fn signatures(errs: &[Error]) -> Vec<(&'static str, &'static str)> {
             Error::Shape { arg, .. } => ("shape", *arg),
             Error::Value { arg, .. } => ("value", *arg),
             Error::OutOfBounds { arg, .. } => ("bounds", *arg),
+            Error::Missing { arg, .. } => ("missing", *arg),
             other => panic!("unexpected error {other}"),
         })
         .collect()
@@ -472,4 +486,204 @@ fn raw_calls_without_tokens_launch_nothing_and_accept_null_addresses() {
     assert!(b.driver().launched.lock().unwrap().is_empty());
     let e = call(256, &mut null_cache).expect_err("a latent of 256 dims");
     assert!(matches!(e, Error::Shape { arg: "latent", .. }), "{e}");
+}
+
+// ---- the reader -------------------------------------------------------------
+
+/// The breakages of a gather, each naming one argument: the output's dtype,
+/// the cache's record width, an index tensor's view past its buffer, a
+/// wrong `fp8_scale` presence, too few output rows, a misaligned output.
+const GATHER_BREAKAGES: usize = 6;
+
+/// Runs `case` on `b`, broken as `which` says (`None`: as it is): the
+/// result and the whole output buffer afterwards.
+fn run_gather<B: Backend>(
+    b: &B,
+    case: &gather_cases::Case,
+    which: Option<usize>,
+) -> (Result<()>, Vec<u8>) {
+    use dsv4_kvcache::GatherIndex;
+    let mut u = case.upload(b).expect("upload");
+    let spare = b.upload(&[0; 64]).expect("upload");
+    let mut a = case.args(&u.cache, &u.index, u.fp8.as_ref(), &mut u.out);
+    match which {
+        None => {}
+        Some(0) => {
+            let d = a.out.desc;
+            a.out.desc = TensorDesc::strided(DType::I32, d.shape(), d.strides())
+                .unwrap()
+                .with_offset(d.offset);
+        }
+        Some(1) => {
+            let d = a.kv_cache.desc;
+            a.kv_cache.desc = TensorDesc::contiguous(DType::U8, &[d.shape()[0], d.shape()[1], 530]);
+        }
+        Some(2) => {
+            let t = match &mut a.index {
+                GatherIndex::Slots { slot_mapping } => slot_mapping,
+                GatherIndex::BlockTable { block_table, .. } => block_table,
+            };
+            t.desc = t.desc.with_offset(1 << 20);
+        }
+        Some(3) => {
+            a.fp8_scale = match a.fp8_scale {
+                Some(_) => None,
+                None => Some(Tensor::new(
+                    &spare,
+                    TensorDesc::contiguous(DType::F32, &[1]),
+                )),
+            };
+        }
+        Some(4) => match &mut a.index {
+            GatherIndex::Slots { .. } => {
+                let d = a.out.desc;
+                a.out.desc = TensorDesc::strided(d.dtype, &[0, 512], d.strides())
+                    .unwrap()
+                    .with_offset(d.offset);
+            }
+            GatherIndex::BlockTable { block_table, .. } => {
+                let d = block_table.desc;
+                block_table.desc = TensorDesc::strided(d.dtype, &[0, d.shape()[1]], d.strides())
+                    .unwrap()
+                    .with_offset(d.offset);
+            }
+        },
+        Some(_) => a.out.desc = a.out.desc.with_offset(a.out.desc.offset + 2),
+    }
+    let r = b.gather_dequant(a);
+    let out = b.read(&u.out).expect("read");
+    (r, out)
+}
+
+/// Gather cases of every layout and both forms.
+fn gather_cases_all() -> Vec<gather_cases::Case> {
+    let mut out = Vec::new();
+    for (i, layout) in RecordLayout::ALL.into_iter().enumerate() {
+        for table in [false, true] {
+            out.push(gather_cases::random_case(
+                0x5e00 + 2 * i as u64 + u64::from(table),
+                layout,
+                table,
+                9,
+                true,
+            ));
+        }
+    }
+    out
+}
+
+/// Every gather case, valid and broken every way, gives the CPU's result on
+/// `b`; after an error the output is untouched. Returns the errors seen.
+fn gathers_agree_with_cpu<B: Backend>(b: &B) -> usize {
+    let cpu = CpuBackend::new();
+    let mut errors = 0;
+    for case in gather_cases_all() {
+        for which in std::iter::once(None).chain((0..GATHER_BREAKAGES).map(Some)) {
+            let (want, _) = run_gather(&cpu, &case, which);
+            let (got, out) = run_gather(b, &case, which);
+            assert_eq!(got, want, "{} broken {which:?} on {}", case.label, b.name());
+            if want.is_err() {
+                errors += 1;
+                assert!(
+                    out == case.canary_out(),
+                    "{} broken {which:?}: {} wrote after an error",
+                    case.label,
+                    b.name()
+                );
+            }
+        }
+    }
+    errors
+}
+
+#[test]
+fn stand_in_gives_the_cpu_gather_errors() {
+    let cases = gather_cases_all().len();
+    let errors = gathers_agree_with_cpu(&stand_in());
+    assert_eq!(
+        errors,
+        cases * GATHER_BREAKAGES,
+        "every breakage is an error"
+    );
+}
+
+/// The errors of a fixed list of bad raw gathers (FP8 rows, slot form) on
+/// `b`, over its own zeroed memory: a plan error, null and misaligned
+/// addresses (two at once: the first in argument order is reported), a
+/// misaligned FP8 scale, bad counters, and a plan error with a null address.
+fn raw_gather_errors<D: Driver>(b: &GpuBackend<D>) -> Vec<Error> {
+    use dsv4_kvcache::{GatherArgs, GatherIndex};
+    let cache = b.alloc_zeroed(BLOCKS * BLOCK * 512).unwrap();
+    let idx = b.alloc_zeroed(N * 8).unwrap();
+    let scale = b.alloc_zeroed(16).unwrap();
+    let out = b.alloc_zeroed(N * 512 * 2).unwrap();
+    let d = |dt, shape: &[usize]| TensorDesc::contiguous(dt, shape);
+    let run =
+        |cache: RawDevice, slots: RawDevice, fp8: RawDevice, mut out: RawDevice, rows, counters| {
+            let args = GatherArgs {
+                kv_cache: Tensor::new(&cache, d(DType::F8E4M3, &[BLOCKS, BLOCK, 512])),
+                index: GatherIndex::Slots {
+                    slot_mapping: Tensor::new(&slots, d(DType::I64, &[N])),
+                },
+                fp8_scale: Some(Tensor::new(&fp8, d(DType::F32, &[1]))),
+                out: TensorMut::new(&mut out, d(DType::BF16, &[rows, 512])),
+            };
+            // SAFETY: every call below is refused before anything is launched.
+            unsafe { b.gather_dequant_raw(&args, b.stream(), counters) }
+                .expect_err("a bad raw call")
+        };
+    let (c, i, f, o) = (cache.as_raw(), idx.as_raw(), scale.as_raw(), out.as_raw());
+    let null = |r: RawDevice| RawDevice::new(0, r.len);
+    let shifted = |r: RawDevice, by| RawDevice::new(r.ptr + by, r.len);
+    vec![
+        run(c, i, f, o, N - 1, None),
+        run(null(c), i, f, null(o), N, None),
+        run(c, i, f, shifted(o, 8), N, None),
+        run(c, shifted(i, 4), f, shifted(o, 8), N, None),
+        run(c, i, shifted(f, 2), o, N, None),
+        run(c, i, f, o, N, Some(0)),
+        run(c, i, f, o, N, Some(o.ptr + 2)),
+        run(null(c), i, f, o, N - 1, None),
+    ]
+}
+
+#[test]
+fn raw_gathers_check_in_one_order() {
+    let errs = raw_gather_errors(&stand_in());
+    assert_eq!(
+        signatures(&errs),
+        [
+            ("shape", "out"),
+            ("value", "kv_cache"),
+            ("shape", "out"),
+            ("shape", "slot_mapping"),
+            ("shape", "fp8_scale"),
+            ("value", "raw_counters"),
+            ("shape", "raw_counters"),
+            ("shape", "out"),
+        ]
+    );
+}
+
+#[test]
+fn gathers_refuse_buffers_of_another_backend_and_launch_one_kernel() {
+    let (a, b) = (stand_in(), stand_in());
+    let case = gather_cases::random_case(3, RecordLayout::Nvfp4, true, 9, false);
+    let mut u = case.upload(&a).unwrap();
+    let mut foreign = b.upload(&case.canary_out()).unwrap();
+    let e = a
+        .gather_dequant(case.args(&u.cache, &u.index, u.fp8.as_ref(), &mut foreign))
+        .unwrap_err();
+    assert!(matches!(e, Error::Value { arg: "out", .. }), "{e}");
+    assert!(a.driver().launched.lock().unwrap().is_empty());
+    a.gather_dequant(case.args(&u.cache, &u.index, u.fp8.as_ref(), &mut u.out))
+        .unwrap();
+    assert_eq!(
+        *a.driver().launched.lock().unwrap(),
+        ["kv_gather_nvfp4_bf16"]
+            .into_iter()
+            .filter(|_| !case.out_f32)
+            .chain(["kv_gather_nvfp4_f32"].into_iter().filter(|_| case.out_f32))
+            .collect::<Vec<_>>()
+    );
 }

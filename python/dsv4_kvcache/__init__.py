@@ -2,7 +2,8 @@
 
 A drop-in for ``vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache``:
 the same three functions with the same arguments and in-place semantics,
-plus the fused launch. CPU tensors run on the library's CPU reference,
+plus the fused launch, and the reader ``gather_dequant`` (records gathered
+by slot or by block table and written back dequantized to BF16 or F32). CPU tensors run on the library's CPU reference,
 CUDA tensors on its CUDA kernels on torch's current stream, and the "cuda"
 tensors of a ROCm build of torch on its HIP kernels. The bytes are the
 same on all three.
@@ -20,6 +21,7 @@ from ._native import (
     __version__,
     fused_compress_insert,
     fused_save_compress_norm,
+    gather_dequant,
     rope_quant_insert,
     save_ring_rows,
 )
@@ -30,6 +32,7 @@ __all__ = [
     "rope_quant_insert",
     "save_ring_rows",
     "fused_compress_insert",
+    "gather_dequant",
     "SkipCounts",
     "take_skip_counts",
     "init",

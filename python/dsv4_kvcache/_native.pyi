@@ -30,6 +30,16 @@ def rope_quant_insert(
     sanitize: Optional[bool] = None,
 ) -> None: ...
 def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: torch.Tensor) -> None: ...
+def gather_dequant(
+    kv_cache: torch.Tensor,
+    out: torch.Tensor,
+    slot_mapping: Optional[torch.Tensor] = None,
+    *,
+    block_table: Optional[torch.Tensor] = None,
+    cu_seq_lens: Optional[torch.Tensor] = None,
+    seq_starts: Optional[torch.Tensor] = None,
+    fp8_scale: Optional[torch.Tensor] = None,
+) -> None: ...
 def fused_compress_insert(
     kv_score: torch.Tensor,
     positions: torch.Tensor,

@@ -15,6 +15,7 @@ __all__ = [
     "rope_quant_insert",
     "save_ring_rows",
     "fused_compress_insert",
+    "gather_dequant",
 ]
 
 _NS = "dsv4_kvcache"
@@ -40,6 +41,10 @@ _SCHEMAS = {
         "Tensor(c!) kv_cache, Tensor cache_slot_mapping, Tensor? fp8_scale=None, "
         "Tensor? prev_rows=None, Tensor? prev_row_indices=None, bool skip_latent_out=False, "
         "bool? sanitize=None) -> ()"
+    ),
+    "gather_dequant": (
+        "(Tensor kv_cache, Tensor(a!) out, Tensor? slot_mapping=None, Tensor? block_table=None, "
+        "Tensor? cu_seq_lens=None, Tensor? seq_starts=None, Tensor? fp8_scale=None) -> ()"
     ),
 }
 
@@ -77,6 +82,14 @@ def _fused_compress_insert(kv_score, positions, state_cache, slot_mapping, query
     )
 
 
+def _gather_dequant(kv_cache, out, slot_mapping=None, block_table=None, cu_seq_lens=None,
+                    seq_starts=None, fp8_scale=None):
+    _native.gather_dequant(
+        kv_cache, out, slot_mapping, block_table=block_table, cu_seq_lens=cu_seq_lens,
+        seq_starts=seq_starts, fp8_scale=fp8_scale,
+    )
+
+
 def _fake(*args, **kwargs):
     """Tracing: the ops return nothing and only write their mutated inputs."""
     return None
@@ -92,6 +105,7 @@ for _name, _impl in [
     ("rope_quant_insert", _rope_quant_insert),
     ("save_ring_rows", _save_ring_rows),
     ("fused_compress_insert", _fused_compress_insert),
+    ("gather_dequant", _gather_dequant),
 ]:
     _lib.define(_name + _SCHEMAS[_name])
     _lib.impl(_name, _impl, "CPU")
@@ -102,6 +116,7 @@ fused_save_compress_norm = torch.ops.dsv4_kvcache.fused_save_compress_norm
 rope_quant_insert = torch.ops.dsv4_kvcache.rope_quant_insert
 save_ring_rows = torch.ops.dsv4_kvcache.save_ring_rows
 fused_compress_insert = torch.ops.dsv4_kvcache.fused_compress_insert
+gather_dequant = torch.ops.dsv4_kvcache.gather_dequant
 
 
 # Inside torch.compile, the plain functions (native builtins dynamo cannot
@@ -143,4 +158,13 @@ if _substitute is not None:
             kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
             rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache,
             cache_slot_mapping, fp8_scale, prev_rows, prev_row_indices, skip_latent_out, sanitize,
+        )
+
+    @_substitute(_native.gather_dequant)
+    def _gather_dequant_in_graph(
+        kv_cache, out, slot_mapping=None, *, block_table=None, cu_seq_lens=None, seq_starts=None,
+        fp8_scale=None,
+    ):
+        torch.ops.dsv4_kvcache.gather_dequant(
+            kv_cache, out, slot_mapping, block_table, cu_seq_lens, seq_starts, fp8_scale
         )

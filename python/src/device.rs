@@ -10,8 +10,8 @@ use dsv4_kvcache::backend::cpu::RawHost;
 use dsv4_kvcache::backend::RawStream;
 use dsv4_kvcache::detect::SanitizePolicy;
 use dsv4_kvcache::{
-    Backend, CompressArgs, CpuBackend, FusedArgs, InsertArgs, RingArgs, SkipCounts, Tensor,
-    TensorMut,
+    Backend, CompressArgs, CpuBackend, FusedArgs, GatherArgs, GatherIndex, InsertArgs, RingArgs,
+    SkipCounts, Tensor, TensorMut,
 };
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -61,6 +61,18 @@ pub struct FusedViews {
     pub kv_cache: View,
     pub cache_slot_mapping: View,
     pub fp8_scale: Option<View>,
+}
+
+/// `gather_dequant`'s tensors: the slot form (`slot_mapping`) or the
+/// block-table form (`block_table`, `cu_seq_lens`, optional `seq_starts`).
+pub struct GatherViews {
+    pub kv_cache: View,
+    pub slot_mapping: Option<View>,
+    pub block_table: Option<View>,
+    pub cu_seq_lens: Option<View>,
+    pub seq_starts: Option<View>,
+    pub fp8_scale: Option<View>,
+    pub out: View,
 }
 
 /// Caller memory as one backend's raw storage type.
@@ -219,6 +231,40 @@ fn fused_mems<M: Mem>(v: &FusedViews) -> (Mems<M, 10>, Mems<M, 4>) {
 struct Kept<B> {
     backend: B,
     auto_sanitize: bool,
+}
+
+fn gather_mems<M: Mem>(v: &GatherViews) -> Mems<M, 7> {
+    Mems::new([
+        Some(&v.kv_cache),
+        v.slot_mapping.as_ref(),
+        v.block_table.as_ref(),
+        v.cu_seq_lens.as_ref(),
+        v.seq_starts.as_ref(),
+        v.fp8_scale.as_ref(),
+        Some(&v.out),
+    ])
+}
+
+/// The arguments; the caller (`lib.rs`) checked that exactly one
+/// addressing form is given.
+fn gather_args<'a, M>(v: &GatherViews, m: &'a mut Mems<M, 7>) -> GatherArgs<'a, M> {
+    let [a, b, c, d, e, f, g] = &mut m.0;
+    let index = match &v.slot_mapping {
+        Some(s) => GatherIndex::Slots {
+            slot_mapping: ro(b, s),
+        },
+        None => GatherIndex::BlockTable {
+            block_table: ro(c, v.block_table.as_ref().expect("checked")),
+            cu_seq_lens: ro(d, v.cu_seq_lens.as_ref().expect("checked")),
+            seq_starts: ro_opt(e, &v.seq_starts),
+        },
+    };
+    GatherArgs {
+        kv_cache: ro(a, &v.kv_cache),
+        index,
+        fp8_scale: ro_opt(f, &v.fp8_scale),
+        out: rw(g, &v.out),
+    }
 }
 
 fn env_policy() -> PyResult<SanitizePolicy> {
@@ -515,6 +561,35 @@ pub fn fused_compress_insert(
                 let a = fused_args(v, &mut c, &mut m);
                 // SAFETY: as in `rope_quant_insert`.
                 unsafe { b.fused_compress_insert_raw(&a, RawStream(stream as usize), None) }
+            }),
+        },
+    }
+}
+
+/// `gather_dequant` on the tensors' device.
+pub fn gather_dequant(py: Python<'_>, t: &Torch, dev: Dev, v: &GatherViews) -> PyResult<()> {
+    match dev {
+        Dev::Cpu => {
+            let k = cpu()?;
+            let mut m = gather_mems::<RawHost>(v);
+            let a = gather_args(v, &mut m);
+            // SAFETY: as in `rope_quant_insert`.
+            unsafe { k.backend.gather_dequant_host(&a) }.map_err(map_err)
+        }
+        Dev::Cuda(index) => match gpu(py, t, index)? {
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(i, stream) => cuda::with(i, None, |b| {
+                let mut m = gather_mems(v);
+                let a = gather_args(v, &mut m);
+                // SAFETY: as in `rope_quant_insert`.
+                unsafe { b.gather_dequant_raw(&a, RawStream(stream as usize), None) }
+            }),
+            #[cfg(feature = "hip")]
+            Gpu::Hip(i, stream) => hip::with(i, None, |b| {
+                let mut m = gather_mems(v);
+                let a = gather_args(v, &mut m);
+                // SAFETY: as in `rope_quant_insert`.
+                unsafe { b.gather_dequant_raw(&a, RawStream(stream as usize), None) }
             }),
         },
     }

@@ -7,7 +7,7 @@ mod device;
 mod reference;
 mod tensor;
 
-use device::{CompressViews, FusedViews, InsertViews, RingViews};
+use device::{CompressViews, FusedViews, GatherViews, InsertViews, RingViews};
 use pyo3::prelude::*;
 use tensor::{common_device, opt_view, ratio, torch, view, Dev, Torch};
 
@@ -205,6 +205,74 @@ fn save_ring_rows(
     let t = torch(py)?;
     let (dev, v) = read_ring(py, t, rows, slot_mapping, state_cache)?;
     device::save_ring_rows(py, t, dev, &v)
+}
+
+/// Read records back: gather them from a paged cache and write them
+/// dequantized (BF16 or F32, `out`'s dtype) into `out [rows, 512]`. Either
+/// `slot_mapping [N]` (row `i` reads slot `slot_mapping[i]`, `< 0` leaves it
+/// untouched), or `block_table [R, max_blocks]` with `cu_seq_lens [R + 1]`
+/// (and optional `seq_starts [R]`): request `r` fills rows
+/// `cu_seq_lens[r] .. cu_seq_lens[r + 1]` with its tokens from position
+/// `seq_starts[r]` on. `fp8_scale` for FP8 row caches only. Out-of-range
+/// indices are skipped and counted.
+#[pyfunction]
+#[pyo3(signature = (kv_cache, out, slot_mapping=None, *, block_table=None, cu_seq_lens=None, seq_starts=None, fp8_scale=None))]
+#[allow(clippy::too_many_arguments)]
+fn gather_dequant(
+    py: Python<'_>,
+    kv_cache: &Any<'_>,
+    out: &Any<'_>,
+    slot_mapping: Option<&Any<'_>>,
+    block_table: Option<&Any<'_>>,
+    cu_seq_lens: Option<&Any<'_>>,
+    seq_starts: Option<&Any<'_>>,
+    fp8_scale: Option<&Any<'_>>,
+) -> PyResult<()> {
+    use pyo3::exceptions::PyValueError;
+    let t = torch(py)?;
+    let v = GatherViews {
+        kv_cache: view(py, t, "kv_cache", kv_cache)?,
+        slot_mapping: opt_view(py, t, "slot_mapping", slot_mapping)?,
+        block_table: opt_view(py, t, "block_table", block_table)?,
+        cu_seq_lens: opt_view(py, t, "cu_seq_lens", cu_seq_lens)?,
+        seq_starts: opt_view(py, t, "seq_starts", seq_starts)?,
+        fp8_scale: opt_view(py, t, "fp8_scale", fp8_scale)?,
+        out: view(py, t, "out", out)?,
+    };
+    let table = v.block_table.is_some() || v.cu_seq_lens.is_some() || v.seq_starts.is_some();
+    match (&v.slot_mapping, table) {
+        (Some(_), true) => {
+            return Err(PyValueError::new_err(
+                "slot_mapping: give either slot_mapping or block_table with cu_seq_lens, not both",
+            ))
+        }
+        (None, false) => {
+            return Err(PyValueError::new_err(
+                "slot_mapping: give slot_mapping, or block_table with cu_seq_lens",
+            ))
+        }
+        (None, true) if v.block_table.is_none() => {
+            return Err(PyValueError::new_err(
+                "block_table: required with cu_seq_lens / seq_starts",
+            ))
+        }
+        (None, true) if v.cu_seq_lens.is_none() => {
+            return Err(PyValueError::new_err(
+                "cu_seq_lens: required with block_table",
+            ))
+        }
+        _ => {}
+    }
+    let dev = common_device(&[
+        ("kv_cache", Some(&v.kv_cache)),
+        ("slot_mapping", v.slot_mapping.as_ref()),
+        ("block_table", v.block_table.as_ref()),
+        ("cu_seq_lens", v.cu_seq_lens.as_ref()),
+        ("seq_starts", v.seq_starts.as_ref()),
+        ("fp8_scale", v.fp8_scale.as_ref()),
+        ("out", Some(&v.out)),
+    ])?;
+    device::gather_dequant(py, t, dev, &v)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -485,6 +553,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rope_quant_insert, m)?)?;
     m.add_function(wrap_pyfunction!(save_ring_rows, m)?)?;
     m.add_function(wrap_pyfunction!(fused_compress_insert, m)?)?;
+    m.add_function(wrap_pyfunction!(gather_dequant, m)?)?;
     m.add_function(wrap_pyfunction!(_take_skip_counts, m)?)?;
     m.add_function(wrap_pyfunction!(_init, m)?)?;
     m.add_function(wrap_pyfunction!(_reference_rope_quant_insert, m)?)?;

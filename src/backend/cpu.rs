@@ -9,7 +9,7 @@
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::formats::bf16_to_f32;
-use crate::gather::{gather_reference, plan_gather, GatherArgs, GatherDequant};
+use crate::gather::{gather_reference, plan_gather, GatherArgs, GatherIndex};
 use crate::layout::{RecordLayout, DIM};
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, CachePlan, CompressArgs, CompressPlan,
@@ -681,6 +681,13 @@ impl Backend for CpuBackend {
         self.fused_on(a, self.sanitize)
     }
 
+    fn gather_dequant(&self, a: GatherArgs<'_, Vec<u8>>) -> Result<()> {
+        let p = plan_gather(&a)?;
+        let counts = self.run(|| gather_reference(&p, a));
+        self.count(counts);
+        Ok(())
+    }
+
     fn take_skip_counts(&self) -> Result<SkipCounts> {
         let mut g = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
         Ok(std::mem::take(&mut *g))
@@ -785,6 +792,20 @@ fn span_of(t: &Tensor<'_, RawHost>) -> Option<(usize, usize)> {
 
 fn span_of_mut(t: &TensorMut<'_, RawHost>) -> Option<(usize, usize)> {
     host_span((&*t.buf, &t.desc))
+}
+
+/// A read-only view of caller memory from its first byte, offset dropped
+/// and shape kept (so an empty view still validates as it did).
+///
+/// # Safety
+/// As [`host_slice`].
+unsafe fn gather_ro<'a>(t: &Tensor<'_, RawHost>) -> Tensor<'a, [u8]> {
+    let bytes: &[u8] = match host_span((t.buf, &t.desc)) {
+        // SAFETY: the plan checked the view lies within `len` bytes of `ptr`.
+        Some((s, e)) => unsafe { std::slice::from_raw_parts(s as *const u8, e - s) },
+        None => &[],
+    };
+    Tensor::new(bytes, t.desc.with_offset(0))
 }
 
 macro_rules! bind_ro {
@@ -954,6 +975,74 @@ impl CpuBackend {
         self.ring_on(bound)
     }
 
+    /// `gather_dequant` on caller memory.
+    ///
+    /// # Safety
+    /// See the `impl` block.
+    pub unsafe fn gather_dequant_host(&self, a: &GatherArgs<'_, RawHost>) -> Result<()> {
+        let p = plan_gather(a)?;
+        let mut spans = vec![("kv_cache", span_of(&a.kv_cache))];
+        match &a.index {
+            GatherIndex::Slots { slot_mapping } => {
+                spans.push(("slot_mapping", span_of(slot_mapping)));
+            }
+            GatherIndex::BlockTable {
+                block_table,
+                cu_seq_lens,
+                seq_starts,
+            } => {
+                spans.push(("block_table", span_of(block_table)));
+                spans.push(("cu_seq_lens", span_of(cu_seq_lens)));
+                if let Some(s) = seq_starts {
+                    spans.push(("seq_starts", span_of(s)));
+                }
+            }
+        }
+        if let Some(f) = &a.fp8_scale {
+            spans.push(("fp8_scale", span_of(f)));
+        }
+        spans.push(("out", span_of_mut(&a.out)));
+        host_disjoint(&spans[spans.len() - 1..], &spans)?;
+        // SAFETY: validated, disjoint. Each view is bound from its first
+        // byte with its offset dropped (empty views keep their shape), so
+        // the plan is made again over the bound slices.
+        let bound = unsafe {
+            GatherArgs {
+                kv_cache: gather_ro(&a.kv_cache),
+                index: match &a.index {
+                    GatherIndex::Slots { slot_mapping } => GatherIndex::Slots {
+                        slot_mapping: gather_ro(slot_mapping),
+                    },
+                    GatherIndex::BlockTable {
+                        block_table,
+                        cu_seq_lens,
+                        seq_starts,
+                    } => GatherIndex::BlockTable {
+                        block_table: gather_ro(block_table),
+                        cu_seq_lens: gather_ro(cu_seq_lens),
+                        seq_starts: seq_starts.as_ref().map(|s| gather_ro(s)),
+                    },
+                },
+                fp8_scale: a.fp8_scale.as_ref().map(|f| gather_ro(f)),
+                out: {
+                    let (b, d) = (&*a.out.buf, a.out.desc);
+                    let bytes: &mut [u8] = match host_span((b, &d)) {
+                        Some((s, e)) => std::slice::from_raw_parts_mut(s as *mut u8, e - s),
+                        None => &mut [],
+                    };
+                    TensorMut::new(bytes, d.with_offset(0))
+                },
+            }
+        };
+        if p.n == 0 {
+            return Ok(());
+        }
+        let p = plan_gather(&bound)?;
+        let counts = self.run(|| gather_reference(&p, bound));
+        self.count(counts);
+        Ok(())
+    }
+
     /// The fused compress + insert on caller memory, with NaN sanitizing as
     /// given.
     ///
@@ -988,14 +1077,5 @@ impl CpuBackend {
             }
         };
         self.fused_on(bound, sanitize)
-    }
-}
-
-impl GatherDequant for CpuBackend {
-    fn gather_dequant(&self, a: GatherArgs<'_, Vec<u8>>) -> Result<()> {
-        let p = plan_gather(&a)?;
-        let counts = self.run(|| gather_reference(&p, a));
-        self.count(counts);
-        Ok(())
     }
 }

@@ -16,10 +16,12 @@ pub mod raw;
 pub use raw::{RawDevice, RawStream};
 
 use crate::error::Result;
+use crate::gather::GatherArgs;
 use crate::ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};
 use crate::tensor::Storage;
 
-/// One implementation of the three operations (and the fused path).
+/// One implementation of the three operations (and the fused path), and of
+/// the reader, `gather_dequant`.
 ///
 /// Launch methods do not allocate and do not wait for the device; results
 /// are visible to [`Backend::read`] (which waits) and to later launches on
@@ -57,6 +59,12 @@ pub trait Backend {
 
     /// `fused_save_compress_norm` then `rope_quant_insert` in one launch.
     fn fused_compress_insert(&self, args: FusedArgs<'_, Self::Buffer>) -> Result<()>;
+
+    /// `gather_dequant`: gathers the records `args.index` names from
+    /// `args.kv_cache` and writes them dequantized (BF16 or F32) into
+    /// `args.out` ([`crate::gather`]); out-of-range indices are skipped and
+    /// counted ([`Backend::take_skip_counts`]).
+    fn gather_dequant(&self, args: GatherArgs<'_, Self::Buffer>) -> Result<()>;
 
     /// Tokens skipped for out-of-range indices since the last call (waits
     /// for pending work), then resets the counts.

@@ -10,7 +10,10 @@
 mod cases;
 mod rng;
 
-pub use cases::{make_case, rope_cos_sin, split, CaseSpec, BLOCK_SIZE, FP8_SCALE, RMS_NORM_EPS};
+pub use cases::{
+    make_case, make_gather_case, rope_cos_sin, split, CaseSpec, BLOCK_SIZE, FP8_SCALE,
+    GATHER_BLOCK_SIZE, RMS_NORM_EPS,
+};
 pub use rng::{normals, Rng};
 
 /// Little-endian bytes of f32 values.

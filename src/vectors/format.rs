@@ -11,7 +11,7 @@ use std::path::Path;
 pub const FORMAT: &str = "dsv4-kvcache-vectors/1";
 
 /// The output tensors a file may hold, in the order they are compared.
-pub const OUTPUT_NAMES: [&str; 3] = ["kv_cache", "latent_out", "state_cache"];
+pub const OUTPUT_NAMES: [&str; 4] = ["kv_cache", "latent_out", "state_cache", "out"];
 
 // ---- operations ---------------------------------------------------------------
 
@@ -26,15 +26,18 @@ pub enum Op {
     SaveRingRows,
     /// `fused_save_compress_norm` then `rope_quant_insert` in one launch.
     FusedCompressInsert,
+    /// `gather_dequant`, the reader.
+    GatherDequant,
 }
 
 impl Op {
     /// Every operation.
-    pub const ALL: [Op; 4] = [
+    pub const ALL: [Op; 5] = [
         Op::RopeQuantInsert,
         Op::FusedSaveCompressNorm,
         Op::SaveRingRows,
         Op::FusedCompressInsert,
+        Op::GatherDequant,
     ];
 
     /// The metadata name (the seed's function name).
@@ -44,6 +47,7 @@ impl Op {
             Op::FusedSaveCompressNorm => "fused_save_compress_norm",
             Op::SaveRingRows => "save_ring_rows",
             Op::FusedCompressInsert => "fused_compress_insert",
+            Op::GatherDequant => "gather_dequant",
         }
     }
 
@@ -52,9 +56,32 @@ impl Op {
         Self::ALL.into_iter().find(|o| o.name() == s)
     }
 
-    /// Whether the op writes a KV cache (and so has a `layout`).
+    /// Whether the op writes a KV cache.
     pub fn inserts(self) -> bool {
         matches!(self, Op::RopeQuantInsert | Op::FusedCompressInsert)
+    }
+
+    /// Whether the op has a KV cache (and so a `layout`): the inserts and
+    /// the reader.
+    pub fn has_layout(self) -> bool {
+        self.inserts() || self == Op::GatherDequant
+    }
+
+    /// Whether the op takes a `compress_ratio`.
+    pub fn has_compress_ratio(self) -> bool {
+        !matches!(self, Op::SaveRingRows | Op::GatherDequant)
+    }
+
+    /// Whether the op writes the output tensor `name` (one of
+    /// [`OUTPUT_NAMES`]).
+    pub fn writes(self, name: &str) -> bool {
+        match self {
+            Op::RopeQuantInsert => name == "kv_cache",
+            Op::FusedSaveCompressNorm => matches!(name, "latent_out" | "state_cache"),
+            Op::SaveRingRows => name == "state_cache",
+            Op::FusedCompressInsert => matches!(name, "kv_cache" | "latent_out" | "state_cache"),
+            Op::GatherDequant => name == "out",
+        }
     }
 
     /// Inputs the op cannot run without (CR2's extra inputs are checked
@@ -80,6 +107,9 @@ impl Op {
                 "kv_cache",
                 "cache_slot_mapping",
             ],
+            // And `slot_mapping`, or `block_table` with `cu_seq_lens`
+            // (checked in `VectorFile::check`).
+            Op::GatherDequant => &["kv_cache", "out"],
         }
     }
 }
@@ -367,11 +397,22 @@ impl VectorFile {
         if !missing.is_empty() {
             return Err(Error::Vectors(format!("{op} needs {}", missing.join(", "))));
         }
-        if op != Op::SaveRingRows {
+        if op.has_compress_ratio() {
             self.compress_ratio()?;
         }
-        if op.inserts() {
+        if op.has_layout() {
             self.layout()?;
+        }
+        if op == Op::GatherDequant {
+            let has = |n: &str| self.tensors.contains_key(&format!("in.{n}"));
+            let table = has("block_table") || has("cu_seq_lens");
+            if has("slot_mapping") == table
+                || (table && !(has("block_table") && has("cu_seq_lens")))
+            {
+                return Err(Error::Vectors(
+                    "gather_dequant needs in.slot_mapping, or in.block_table and in.cu_seq_lens (not both forms)".into(),
+                ));
+            }
         }
         self.sanitize()?;
         if matches!(op, Op::FusedSaveCompressNorm | Op::FusedCompressInsert) {
@@ -385,7 +426,7 @@ impl VectorFile {
                 .unwrap_or(false);
             if !ok {
                 return Err(Error::Vectors(format!(
-                    "tensor {name}: names are in.<argument> or out.kv_cache, out.latent_out, out.state_cache"
+                    "tensor {name}: names are in.<argument> or out.kv_cache, out.latent_out, out.state_cache, out.out"
                 )));
             }
             if let Some(out) = name.strip_prefix("out.") {
@@ -418,12 +459,12 @@ impl VectorFile {
         let s = self.meta_str("op")?;
         Op::from_name(s).ok_or_else(|| {
             Error::Vectors(format!(
-                "op {s:?}, expected one of rope_quant_insert, fused_save_compress_norm, save_ring_rows, fused_compress_insert"
+                "op {s:?}, expected one of rope_quant_insert, fused_save_compress_norm, save_ring_rows, fused_compress_insert, gather_dequant"
             ))
         })
     }
 
-    /// The `layout` metadata (insert ops).
+    /// The `layout` metadata (inserts and the reader).
     pub fn layout(&self) -> Result<RecordLayout> {
         let s = self.meta_str("layout")?;
         RecordLayout::from_name(s).ok_or_else(|| {

@@ -5,6 +5,7 @@ use super::format::{Op, VTensor, VectorFile, OUTPUT_NAMES};
 use super::report::ReplayReport;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::gather::{GatherArgs, GatherIndex};
 use crate::layout::RecordLayout;
 use crate::ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};
 use crate::tensor::{DType, Tensor, TensorDesc, TensorMut};
@@ -19,13 +20,13 @@ impl VectorFile {
     pub fn prepare<'f, B: Backend>(&'f self, backend: &B) -> Result<Prepared<'f, B>> {
         self.check()?;
         let op = self.op()?;
-        let layout = if op.inserts() {
+        let layout = if op.has_layout() {
             Some(self.layout()?)
         } else {
             None
         };
         let mut inputs = BTreeMap::new();
-        let mut outs: [Option<Buf<B>>; 3] = [None, None, None];
+        let mut outs: [Option<Buf<B>>; 4] = [None, None, None, None];
         for (name, t) in &self.tensors {
             let Some(arg) = name.strip_prefix("in.") else {
                 continue;
@@ -46,14 +47,14 @@ impl VectorFile {
                 }
             }
         }
-        let [kv_cache, latent_out, state_cache] = outs;
+        let [kv_cache, latent_out, state_cache, out] = outs;
         Ok(Prepared {
             file: self,
             op,
-            compress_ratio: if op == Op::SaveRingRows {
-                1
-            } else {
+            compress_ratio: if op.has_compress_ratio() {
                 self.compress_ratio()?
+            } else {
+                1
             },
             eps: if matches!(op, Op::FusedSaveCompressNorm | Op::FusedCompressInsert) {
                 self.rms_norm_eps()?
@@ -65,6 +66,7 @@ impl VectorFile {
             kv_cache,
             latent_out,
             state_cache,
+            out,
         })
     }
 
@@ -99,7 +101,8 @@ impl VectorFile {
     pub fn capture_reference(&mut self) -> Result<()> {
         let mut cpu = CpuBackend::new();
         let (outs, _) = self.execute(&mut cpu)?;
-        for (name, bytes) in outs {
+        let op = self.op()?;
+        for (name, bytes) in outs.into_iter().filter(|(n, _)| op.writes(n)) {
             let input = self.input(name).expect("outputs come from inputs");
             let t = VTensor {
                 dtype: input.dtype,
@@ -140,6 +143,7 @@ pub struct Prepared<'f, B: Backend> {
     kv_cache: Option<Buf<B>>,
     latent_out: Option<Buf<B>>,
     state_cache: Option<Buf<B>>,
+    out: Option<Buf<B>>,
 }
 
 fn ro<'a, B: Backend>(
@@ -183,6 +187,7 @@ impl<B: Backend> Prepared<'_, B> {
             kv_cache,
             latent_out,
             state_cache,
+            out,
             ..
         } = self;
         let compress_ratio = *compress_ratio;
@@ -231,17 +236,41 @@ impl<B: Backend> Prepared<'_, B> {
                     })
                 }
             }
+            Op::GatherDequant => {
+                let index = match opt(inputs, "slot_mapping") {
+                    Some(slot_mapping) => GatherIndex::Slots { slot_mapping },
+                    None => GatherIndex::BlockTable {
+                        block_table: ro(inputs, "block_table")?,
+                        cu_seq_lens: ro(inputs, "cu_seq_lens")?,
+                        seq_starts: opt(inputs, "seq_starts"),
+                    },
+                };
+                backend.gather_dequant(GatherArgs {
+                    kv_cache: kv_cache
+                        .as_ref()
+                        .map(|b| Tensor::new(&b.buf, b.desc))
+                        .ok_or_else(|| Error::Vectors("no in.kv_cache".into()))?,
+                    index,
+                    fp8_scale: opt(inputs, "fp8_scale"),
+                    out: rw(out, "out")?,
+                })
+            }
         }
     }
 
     /// Rewrites the written tensors with the file's inputs.
     pub fn reset(&mut self, backend: &B) -> Result<()> {
         let file = self.file;
+        let op = self.op;
         for (name, b) in OUTPUT_NAMES.iter().zip([
             &mut self.kv_cache,
             &mut self.latent_out,
             &mut self.state_cache,
+            &mut self.out,
         ]) {
+            if !op.writes(name) {
+                continue;
+            }
             if let (Some(b), Some(t)) = (b.as_mut(), file.input(name)) {
                 backend.write(&mut b.buf, &t.data)?;
             }
@@ -252,12 +281,13 @@ impl<B: Backend> Prepared<'_, B> {
     /// The written tensors' bytes, by output name (waits for the backend).
     pub fn outputs(&self, backend: &B) -> Result<Vec<(&'static str, Vec<u8>)>> {
         let mut out = Vec::new();
-        for (name, b) in
-            OUTPUT_NAMES
-                .iter()
-                .zip([&self.kv_cache, &self.latent_out, &self.state_cache])
-        {
-            if let Some(b) = b {
+        for (name, b) in OUTPUT_NAMES.iter().zip([
+            &self.kv_cache,
+            &self.latent_out,
+            &self.state_cache,
+            &self.out,
+        ]) {
+            if let Some(b) = b.as_ref().filter(|_| self.op.writes(name)) {
                 out.push((*name, backend.read(&b.buf)?));
             }
         }

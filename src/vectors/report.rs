@@ -14,7 +14,7 @@ pub const MAX_RECORDED_MISMATCHES: usize = 10_000;
 /// One byte that differs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
-    /// `out.kv_cache`, `out.latent_out` or `out.state_cache`.
+    /// `out.kv_cache`, `out.latent_out`, `out.state_cache` or `out.out`.
     pub tensor: String,
     /// Offset of the byte in the tensor.
     pub byte_offset: usize,
@@ -24,7 +24,8 @@ pub struct Mismatch {
     pub got: u8,
     /// The cache slot (or ring slot) the byte belongs to, when it is in one.
     pub slot: Option<u64>,
-    /// The token (row of the inputs) that writes that slot or row, if any.
+    /// The token (row of the inputs) that writes that slot or row, if any
+    /// (a gather: the output row).
     pub token: Option<usize>,
     /// The record field or element, e.g. `scale byte 3 (UE8M0 of dims 96..128)`.
     pub field: Option<String>,
@@ -195,6 +196,8 @@ struct Locator {
     layout: Option<RecordLayout>,
     cache_shape: Vec<usize>,
     cache_esz: usize,
+    /// Bytes per element of a gather's `out`.
+    out_esz: usize,
     ring_cap: usize,
     /// slot → last token with that cache slot.
     cache_tokens: HashMap<i64, usize>,
@@ -239,16 +242,18 @@ impl Locator {
             Op::RopeQuantInsert => (writers("slot_mapping"), HashMap::new()),
             Op::FusedCompressInsert => (writers("cache_slot_mapping"), idx("slot_mapping")),
             Op::FusedSaveCompressNorm | Op::SaveRingRows => (HashMap::new(), idx("slot_mapping")),
+            Op::GatherDequant => (HashMap::new(), HashMap::new()),
         };
         let cache = f.input("kv_cache");
         Ok(Locator {
-            layout: if op.inserts() {
+            layout: if op.has_layout() {
                 Some(f.layout()?)
             } else {
                 None
             },
             cache_shape: cache.map(|t| t.shape.clone()).unwrap_or_default(),
             cache_esz: cache.map_or(1, |t| t.dtype.size()),
+            out_esz: f.input("out").map_or(2, |t| t.dtype.size()),
             ring_cap: f
                 .input("state_cache")
                 .and_then(|t| t.shape.get(1).copied())
@@ -286,6 +291,15 @@ impl Locator {
                 )
             }
             "kv_cache" => self.locate_cache(off),
+            "out" => (
+                None,
+                Some(off / (512 * self.out_esz)),
+                Some(format!(
+                    "output row {}, dim {}",
+                    off / (512 * self.out_esz),
+                    (off / self.out_esz) % 512
+                )),
+            ),
             _ => (None, None, None),
         }
     }

@@ -667,6 +667,8 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
             state_cache: view_mut(&mut state, &case.state_cache)
                 .unwrap_or_else(|| missing(name, "state_cache")),
         }),
+        // The reader's cases are tests/gather_cases (its own Case type).
+        Op::GatherDequant => panic!("{name}: gather_dequant cases are in tests/gather_cases"),
     };
     let skips = b.take_skip_counts().expect("skip counts");
     Outputs {
@@ -1447,6 +1449,7 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
                 _ => compress_case(&name, &spec, kind.sanitize),
             }
         }
+        Op::GatherDequant => panic!("the reader's cases are in tests/gather_cases"),
         Op::SaveRingRows => {
             let blocks = 1 + rng.below(3);
             let cap = 1 + rng.below(4);

@@ -10,7 +10,6 @@
 #![allow(dead_code)]
 
 use dsv4_kvcache::formats::bf16_from_f32;
-use dsv4_kvcache::gather::GatherDequant;
 use dsv4_kvcache::layout::DIM;
 use dsv4_kvcache::ops::SkipCounts;
 use dsv4_kvcache::testkit::rope_cos_sin;
@@ -201,19 +200,17 @@ impl Case {
         }
     }
 
-    /// Runs the case on `b`: uploads everything, gathers into a canary
-    /// buffer, reads it back with the skip counts.
-    pub fn run<B: GatherDequant>(&self, b: &B) -> Result<Outcome> {
-        b.take_skip_counts()?;
+    /// Uploads the case's tensors to `b` (the output holds canary bytes).
+    pub fn upload<B: Backend>(&self, b: &B) -> Result<Uploaded<B>> {
         let cache = b.upload(&self.cache)?;
         let fp8 = match self.fp8_scale {
             Some(s) => Some(b.upload(&s.to_le_bytes())?),
             None => None,
         };
-        let mut out = b.upload(&self.canary_out())?;
-        let mut bufs = Vec::new();
+        let out = b.upload(&self.canary_out())?;
+        let mut index = Vec::new();
         match &self.form {
-            Form::Slots { slots, i64 } => bufs.push(b.upload(&index_bytes(slots, *i64))?),
+            Form::Slots { slots, i64 } => index.push(b.upload(&index_bytes(slots, *i64))?),
             Form::Table {
                 table,
                 cu,
@@ -221,16 +218,33 @@ impl Case {
                 i64,
                 ..
             } => {
-                bufs.push(b.upload(&index_bytes(table, *i64))?);
-                bufs.push(b.upload(&index_bytes(cu, *i64))?);
+                index.push(b.upload(&index_bytes(table, *i64))?);
+                index.push(b.upload(&index_bytes(cu, *i64))?);
                 if let Some(s) = starts {
-                    bufs.push(b.upload(&index_bytes(s, *i64))?);
+                    index.push(b.upload(&index_bytes(s, *i64))?);
                 }
             }
         }
+        Ok(Uploaded {
+            cache,
+            fp8,
+            out,
+            index,
+        })
+    }
+
+    /// The gather's arguments over buffers laid out as [`Case::upload`]
+    /// makes them (any storage: a backend's buffers or raw pointers).
+    pub fn args<'a, S>(
+        &self,
+        cache: &'a S,
+        index: &'a [S],
+        fp8: Option<&'a S>,
+        out: &'a mut S,
+    ) -> GatherArgs<'a, S> {
         let index = match &self.form {
             Form::Slots { slots, i64 } => GatherIndex::Slots {
-                slot_mapping: Tensor::new(&bufs[0], index_desc(slots.len(), *i64)),
+                slot_mapping: Tensor::new(&index[0], index_desc(slots.len(), *i64)),
             },
             Form::Table {
                 rows,
@@ -242,7 +256,7 @@ impl Case {
                 ..
             } => GatherIndex::BlockTable {
                 block_table: Tensor::new(
-                    &bufs[0],
+                    &index[0],
                     TensorDesc::strided(
                         if *i64 { DType::I64 } else { DType::I32 },
                         &[*rows, *cols],
@@ -250,26 +264,41 @@ impl Case {
                     )
                     .expect("rank 2"),
                 ),
-                cu_seq_lens: Tensor::new(&bufs[1], index_desc(cu.len(), *i64)),
+                cu_seq_lens: Tensor::new(&index[1], index_desc(cu.len(), *i64)),
                 seq_starts: starts
                     .as_ref()
-                    .map(|s| Tensor::new(&bufs[2], index_desc(s.len(), *i64))),
+                    .map(|s| Tensor::new(&index[2], index_desc(s.len(), *i64))),
             },
         };
-        b.gather_dequant(GatherArgs {
-            kv_cache: Tensor::new(&cache, self.cache_desc),
+        GatherArgs {
+            kv_cache: Tensor::new(cache, self.cache_desc),
             index,
-            fp8_scale: fp8
-                .as_ref()
-                .map(|f| Tensor::new(f, TensorDesc::contiguous(DType::F32, &[1]))),
-            out: TensorMut::new(&mut out, self.out_desc()),
-        })?;
-        let bytes = b.read(&out)?;
+            fp8_scale: fp8.map(|f| Tensor::new(f, TensorDesc::contiguous(DType::F32, &[1]))),
+            out: TensorMut::new(out, self.out_desc()),
+        }
+    }
+
+    /// Runs the case on `b`: uploads everything, gathers into a canary
+    /// buffer, reads it back with the skip counts.
+    pub fn run<B: Backend>(&self, b: &B) -> Result<Outcome> {
+        b.take_skip_counts()?;
+        let mut u = self.upload(b)?;
+        b.gather_dequant(self.args(&u.cache, &u.index, u.fp8.as_ref(), &mut u.out))?;
+        let bytes = b.read(&u.out)?;
         Ok(Outcome {
             out: bytes,
             counts: b.take_skip_counts()?,
         })
     }
+}
+
+/// A case's tensors on a backend.
+pub struct Uploaded<B: Backend> {
+    pub cache: B::Buffer,
+    pub fp8: Option<B::Buffer>,
+    pub out: B::Buffer,
+    /// `slot_mapping`, or `block_table`, `cu_seq_lens` (and `seq_starts`).
+    pub index: Vec<B::Buffer>,
 }
 
 /// A cache description: `[blocks, block_size, W]` (paged, block stride

@@ -6,6 +6,7 @@
 
 use super::super::raw::RawDevice;
 use crate::error::{Error, Result};
+use crate::gather::{GatherArgs, GatherIndex, GatherPtrs};
 use crate::kernel_abi::{CompressPtrs, InsertPtrs};
 use crate::ops::{CompressArgs, CompressPlan, FusedArgs, FusedPlan, InsertArgs, RingArgs};
 use crate::tensor::{Storage, Tensor, TensorMut};
@@ -172,6 +173,48 @@ pub fn fused<'b, S>(a: &'b FusedArgs<'_, S>, p: &FusedPlan) -> [Bound<'b, S>; 14
     ]
 }
 
+/// The tensors of a `gather_dequant` launch, in [`GatherArgs`]' order: the
+/// cache, the index tensors of the addressing form (absent ones `None`),
+/// the FP8 scale, the output.
+pub fn gather<'b, S>(a: &'b GatherArgs<'_, S>) -> [Bound<'b, S>; 7] {
+    let (slots, table, cu, starts) = match &a.index {
+        GatherIndex::Slots { slot_mapping } => (Some(slot_mapping), None, None, None),
+        GatherIndex::BlockTable {
+            block_table,
+            cu_seq_lens,
+            seq_starts,
+        } => (
+            None,
+            Some(block_table),
+            Some(cu_seq_lens),
+            seq_starts.as_ref(),
+        ),
+    };
+    [
+        rows("kv_cache", Role::Read, r(&a.kv_cache)),
+        elems("slot_mapping", slots),
+        elems("block_table", table),
+        elems("cu_seq_lens", cu),
+        elems("seq_starts", starts),
+        elems("fp8_scale", a.fp8_scale.as_ref()),
+        rows("out", Role::Written, w(&a.out)),
+    ]
+}
+
+/// A gather's pointer block from its table ([`gather`]'s order).
+pub fn gather_ptrs<S: DevAddr>(t: &[Bound<'_, S>; 7], counters: u64) -> GatherPtrs {
+    GatherPtrs {
+        cache: t[0].base(),
+        slots: t[1].base(),
+        block_table: t[2].base(),
+        cu_seq_lens: t[3].base(),
+        seq_starts: t[4].base(),
+        fp8_scale: t[5].base(),
+        out: t[6].base(),
+        counters,
+    }
+}
+
 /// The compressor's pointer block from its table ([`compress`]'s order).
 pub fn compress_ptrs<S: DevAddr>(t: &[Bound<'_, S>], counters: u64) -> CompressPtrs {
     CompressPtrs {
@@ -279,6 +322,14 @@ mod tests {
             state_cache: TensorMut::new(&mut b, d),
         };
         assert_eq!(written(&ring(&ring_args)), ["state_cache"]);
+        let mut o = buf;
+        let gather_args = GatherArgs {
+            kv_cache: t(),
+            index: GatherIndex::Slots { slot_mapping: t() },
+            fp8_scale: None,
+            out: TensorMut::new(&mut o, d),
+        };
+        assert_eq!(written(&gather(&gather_args)), ["out"]);
     }
 
     #[test]

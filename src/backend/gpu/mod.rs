@@ -36,6 +36,9 @@ use super::raw::{RawDevice, RawStream};
 use super::Backend;
 use crate::detect::SanitizePolicy;
 use crate::error::{Error, Result};
+use crate::gather::{
+    gather_kernel, gather_launch, gather_params, plan_gather, GatherArgs, GatherPlan,
+};
 use crate::kernel_abi::{self, Kernel, KernelParams, NUM_COUNTERS};
 use crate::launch::{Launch, LaunchPolicy};
 use crate::ops::{
@@ -394,6 +397,26 @@ impl<D: Driver> GpuBackend<D> {
         self.launch(self.policy.fused_launch(p), &params, stream)
     }
 
+    /// # Safety
+    /// As for [`GpuBackend::compress_on`].
+    unsafe fn gather_on<S: DevAddr>(
+        &self,
+        p: &GatherPlan,
+        t: &[Bound<'_, S>; 7],
+        counters: u64,
+        stream: RawStream,
+    ) -> Result<()> {
+        let Some(l) = gather_launch(&self.policy, p.n) else {
+            return Ok(());
+        };
+        let params = gather_params(p, &bind::gather_ptrs(t, counters), &l);
+        let launch = Launch {
+            kernel: gather_kernel(p.cache.layout, p.out_f32),
+            geometry: l.geometry,
+        };
+        self.launch(launch, &params, stream)
+    }
+
     // ---- the raw API -------------------------------------------------------
 
     /// `rope_quant_insert` over caller-owned device memory on the caller's
@@ -514,6 +537,31 @@ impl<D: Driver> GpuBackend<D> {
         bind::check_raw(&t)?;
         let c = self.raw_counters(raw_counters)?;
         self.fused_on(&p, &t, c, stream)
+    }
+
+    /// `gather_dequant` over caller-owned device memory on the caller's
+    /// stream; see [`GpuBackend::rope_quant_insert_raw`]. The checks come in
+    /// the same order: the plan, then each address in argument order
+    /// (`kv_cache` and `out` 16-byte aligned, the index tensors to their
+    /// element size, `fp8_scale` to 4), then `raw_counters`.
+    ///
+    /// # Safety
+    /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensor is
+    /// `out`, which must not overlap the cache or the index tensors.
+    pub unsafe fn gather_dequant_raw(
+        &self,
+        args: &GatherArgs<'_, RawDevice>,
+        stream: RawStream,
+        raw_counters: Option<u64>,
+    ) -> Result<()> {
+        let p = plan_gather(args)?;
+        if p.n == 0 {
+            return Ok(());
+        }
+        let t = bind::gather(args);
+        bind::check_raw(&t)?;
+        let c = self.raw_counters(raw_counters)?;
+        self.gather_on(&p, &t, c, stream)
     }
 
     fn raw_counters(&self, c: Option<u64>) -> Result<u64> {
@@ -887,6 +935,14 @@ impl<D: Driver> Backend for GpuBackend<D> {
         self.own_all(&t)?;
         // SAFETY: as in `fused_save_compress_norm`.
         unsafe { self.fused_on(&p, &t, self.counters_ptr, self.stream()) }
+    }
+
+    fn gather_dequant(&self, a: GatherArgs<'_, DeviceBuffer<D>>) -> Result<()> {
+        let p = plan_gather(&a)?;
+        let t = bind::gather(&a);
+        self.own_all(&t)?;
+        // SAFETY: as in `fused_save_compress_norm`.
+        unsafe { self.gather_on(&p, &t, self.counters_ptr, self.stream()) }
     }
 
     fn take_skip_counts(&self) -> Result<SkipCounts> {

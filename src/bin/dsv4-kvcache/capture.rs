@@ -4,7 +4,7 @@ use crate::args::Opts;
 use crate::verify::describe_file;
 use crate::{CliError, CliResult};
 use dsv4_kvcache::layout::RecordLayout;
-use dsv4_kvcache::testkit::{make_case, CaseSpec};
+use dsv4_kvcache::testkit::{make_case, make_gather_case, CaseSpec};
 use dsv4_kvcache::vectors::Op;
 
 /// `dsv4-kvcache capture --op OP ... --out FILE`.
@@ -20,6 +20,7 @@ pub(crate) fn capture_cmd(args: &[String]) -> CliResult<()> {
             "ring-capacity",
             "seed",
             "out",
+            "out-dtype",
         ],
         &["sanitize", "adversarial"],
     )?;
@@ -29,7 +30,7 @@ pub(crate) fn capture_cmd(args: &[String]) -> CliResult<()> {
         .ok_or_else(|| CliError::Usage("capture needs --op".into()))?;
     let op = Op::from_name(op_name).ok_or_else(|| {
         CliError::Usage(format!(
-            "--op {op_name:?}, expected rope_quant_insert, fused_save_compress_norm, save_ring_rows or fused_compress_insert"
+            "--op {op_name:?}, expected rope_quant_insert, fused_save_compress_norm, save_ring_rows, fused_compress_insert or gather_dequant"
         ))
     })?;
     let layout_name = o.get("layout").unwrap_or("mxfp8");
@@ -59,7 +60,21 @@ pub(crate) fn capture_cmd(args: &[String]) -> CliResult<()> {
     if spec.tokens == 0 {
         return Err(CliError::Usage("--tokens must be at least 1".into()));
     }
-    let mut f = make_case(&spec);
+    let mut f = if op == Op::GatherDequant {
+        // --requests 0: the slot form; --out-dtype bf16 (default) or f32.
+        let out_f32 = match o.get("out-dtype").unwrap_or("bf16") {
+            "bf16" => false,
+            "f32" => true,
+            d => {
+                return Err(CliError::Usage(format!(
+                    "--out-dtype {d:?}, expected bf16 or f32"
+                )))
+            }
+        };
+        make_gather_case(&spec, out_f32)
+    } else {
+        make_case(&spec)
+    };
     f.capture_reference()?;
     f.save(out)?;
     println!(

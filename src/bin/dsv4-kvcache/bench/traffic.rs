@@ -35,7 +35,29 @@ pub(crate) fn traffic(f: &VectorFile, layout: Option<RecordLayout>) -> Result<u6
         Op::SaveRingRows => ring_rows_bytes(f)?,
         Op::FusedSaveCompressNorm => compress_bytes(f)?,
         Op::FusedCompressInsert => fused_bytes(f, layout)?,
+        Op::GatherDequant => gather_bytes(f, layout)?,
     })
+}
+
+/// A gather: each gathered row reads its record (value and scale bytes) and
+/// writes its output row (512 BF16 or F32 values); the index tensors are
+/// read whole, the FP8 scale once. The slot form gathers the slots `>= 0`,
+/// the block-table form every output row.
+fn gather_bytes(f: &VectorFile, layout: Option<RecordLayout>) -> Result<u64> {
+    let record = layout.map_or(0, |l| l.record_bytes()) as u64;
+    let out = need(f, "out")?;
+    let slots = ints(f, "slot_mapping")?;
+    let rows = if f.input("slot_mapping").is_some() {
+        slots.iter().filter(|s| **s >= 0).count() as u64
+    } else {
+        out.shape[0] as u64
+    };
+    let indices = size(f, "slot_mapping")
+        + size(f, "block_table")
+        + size(f, "cu_seq_lens")
+        + size(f, "seq_starts")
+        + size(f, "fp8_scale");
+    Ok(rows * (record + 512 * out.dtype.size() as u64) + indices)
 }
 
 /// An input's values as i64 (empty if absent).

@@ -1,0 +1,121 @@
+"""A straightforward Triton gather (one program of four warps per output
+row, the seed's insert style) for MXFP8 and NVFP4, written by this project
+from docs/layouts.md; the H200 baseline of issue 17 item 5. Then ours
+(dsv4_kvcache.gather_dequant, CUDA graph replay) vs it at N = 1, 16, 128,
+1024, 8192, 65536 with a random slot permutation; ours is checked against
+the CPU reference on the same tensors first.
+
+    python scripts/seed/gather_baseline.py            # on the H200 (torch + triton)
+
+Timing baseline only: its scale is exp2(b - 127) (255 gives inf, not NaN),
+which the random caches here avoid by drawing scale bytes in 100..140.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+import dsv4_kvcache as kv
+
+
+@triton.jit
+def _mxfp8_gather(cache, slots, out, bs, page_bytes):
+    i = tl.program_id(0)
+    s = tl.load(slots + i)
+    if s >= 0:
+        b = s // bs
+        r = s % bs
+        page = cache + b * page_bytes
+        d = tl.arange(0, 512)
+        codes = tl.load(page + r * 512 + d).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        sb = tl.load(page + bs * 512 + r * 16 + d // 32).to(tl.float32)
+        tl.store(out + i * 512 + d, (codes * tl.exp2(sb - 127.0)).to(tl.bfloat16))
+
+
+@triton.jit
+def _nvfp4_gather(cache, slots, out, bs, page_bytes):
+    i = tl.program_id(0)
+    s = tl.load(slots + i)
+    if s >= 0:
+        b = s // bs
+        r = s % bs
+        page = cache + b * page_bytes
+        d = tl.arange(0, 512)
+        byte = tl.load(page + r * 256 + d // 2).to(tl.int32)
+        nib = tl.where(d % 2 == 0, byte & 15, byte >> 4)
+        mag = nib & 7
+        e = mag >> 1
+        m = (mag & 1).to(tl.float32)
+        v = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * tl.exp2((e - 1).to(tl.float32)))
+        v = tl.where(nib >= 8, -v, v)
+        sc = tl.load(page + bs * 256 + r * 32 + d // 16).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        tl.store(out + i * 512 + d, (v * sc).to(tl.bfloat16))
+
+
+KERNELS = {"mxfp8": (_mxfp8_gather, 528, 512, 16), "nvfp4": (_nvfp4_gather, 288, 256, 32)}
+BS = 64
+
+
+def make_cache(layout, rows, dev):
+    w, v, sb = KERNELS[layout][1:]
+    blocks = rows // BS
+    c = torch.randint(0, 256, (blocks, BS, w), dtype=torch.uint8, device=dev)
+    flat = c.view(blocks, -1)
+    if layout == "mxfp8":
+        flat[:, BS * v:] = torch.randint(100, 141, (blocks, BS * sb), dtype=torch.uint8, device=dev)
+    else:  # e4m3 tile scales without NaN codes
+        flat[:, BS * v:] &= 0x77
+    return c
+
+
+def graph_us(fn, reps=50):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(10):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / 10)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    dev = "cuda"
+    print("backend:", kv.init(dev))
+    for layout in ["mxfp8", "nvfp4"]:
+        kern, w = KERNELS[layout][0], KERNELS[layout][1]
+        for n in [1, 16, 128, 1024, 8192, 65536]:
+            rows = max(n, BS) * 2
+            rows += (-rows) % BS
+            cache = make_cache(layout, rows, dev)
+            slots = torch.randperm(rows, device=dev)[:n].to(torch.int64)
+            ours = torch.empty(n, 512, dtype=torch.bfloat16, device=dev)
+            base = torch.empty_like(ours)
+            kv.gather_dequant(cache, ours, slots)
+            ref = torch.empty(n, 512, dtype=torch.bfloat16)
+            kv.gather_dequant(cache.cpu(), ref, slots.cpu())
+            torch.cuda.synchronize()
+            bad = int((ours.cpu().view(torch.int16) != ref.view(torch.int16)).sum())
+            t_ours = graph_us(lambda: kv.gather_dequant(cache, ours, slots))
+            t_base = graph_us(lambda: kern[(n,)](cache, slots, base, BS, BS * w, num_warps=4))
+            moved = n * (w + 8 + 1024)  # record + slot read, BF16 row written
+            print(f"{layout} N={n:6d}: ours {t_ours:8.2f} us ({moved / t_ours / 1e3:7.1f} GB/s), "
+                  f"triton {t_base:8.2f} us ({moved / t_base / 1e3:7.1f} GB/s), "
+                  f"bytes {moved}, mismatches vs CPU {bad}")
+
+
+if __name__ == "__main__":
+    main()
