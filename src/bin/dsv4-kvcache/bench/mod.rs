@@ -12,7 +12,7 @@ use crate::timing::{median_f32, Timing};
 use crate::{CliError, CliResult};
 use anchors::{anchor, ANCHOR_T};
 use dsv4_kvcache::layout::RecordLayout;
-use dsv4_kvcache::testkit::{make_case, CaseSpec};
+use dsv4_kvcache::testkit::{make_case, make_gather_case, CaseSpec};
 use dsv4_kvcache::vectors::{Op, VTensor, VectorFile};
 use dsv4_kvcache::{
     Backend, CompressArgs, Error, InsertArgs, Result, Tensor, TensorDesc, TensorMut,
@@ -194,9 +194,23 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
         layout: None,
         spec: CaseSpec {
             op: Op::SaveRingRows,
-            ..base
+            ..base.clone()
         },
     });
+    // The reader: T rows gathered by a random permutation of slots from a
+    // cache of 2T rows, dequantized to BF16.
+    for l in RecordLayout::ALL {
+        v.push(BenchCase {
+            name: format!("gather {}", l.name()),
+            layout: Some(l),
+            spec: CaseSpec {
+                op: Op::GatherDequant,
+                layout: l,
+                requests: 0,
+                ..base.clone()
+            },
+        });
+    }
     v
 }
 impl Job for BenchJob {
@@ -255,7 +269,11 @@ impl Job for BenchJob {
                 if !self.wants(&c.name) {
                     continue;
                 }
-                let mut f = make_case(&c.spec);
+                let mut f = if c.spec.op == Op::GatherDequant {
+                    make_gather_case(&c.spec, false)
+                } else {
+                    make_case(&c.spec)
+                };
                 if self.sorted_slots {
                     sort_slots(&mut f)?;
                 }
