@@ -11,6 +11,7 @@ use dsv4_kvcache::{Backend, CpuBackend};
 use std::path::PathBuf;
 
 #[path = "gpu_required/mod.rs"]
+#[macro_use]
 mod gpu_required;
 
 fn files() -> Vec<PathBuf> {
@@ -53,34 +54,12 @@ fn cpu_replays_the_reader_vectors() {
 
 #[test]
 fn cuda_replays_the_reader_vectors() {
-    #[cfg(feature = "cuda")]
-    match dsv4_kvcache::CudaBackend::new(0) {
-        Ok(mut b) => replay_all(&mut b),
-        Err(e) => gpu_required::skip_or_fail(
-            "gather vectors",
-            "cuda",
-            dsv4_kvcache::backend::cuda::CudaDriver::library_present(),
-            &e,
-        ),
-    }
-    #[cfg(not(feature = "cuda"))]
-    gpu_required::skip_or_fail("gather vectors", "cuda", false, &"no `cuda` feature");
+    on_gpu!(cuda, "gather vectors", |b| replay_all(b));
 }
 
 #[test]
 fn hip_replays_the_reader_vectors() {
-    #[cfg(feature = "hip")]
-    match dsv4_kvcache::HipBackend::new(0) {
-        Ok(mut b) => replay_all(&mut b),
-        Err(e) => gpu_required::skip_or_fail(
-            "gather vectors",
-            "hip",
-            dsv4_kvcache::backend::hip::HipDriver::library_present(),
-            &e,
-        ),
-    }
-    #[cfg(not(feature = "hip"))]
-    gpu_required::skip_or_fail("gather vectors", "hip", false, &"no `hip` feature");
+    on_gpu!(hip, "gather vectors", |b| replay_all(b));
 }
 
 /// The files hold what they claim: the outputs differ from the inputs'

@@ -10,6 +10,7 @@ use dsv4_kvcache::{CompressArgs, CpuBackend, FusedArgs, InsertArgs, Result, Ring
 use std::path::PathBuf;
 
 #[path = "gpu_required/mod.rs"]
+#[macro_use]
 mod gpu_required;
 
 fn seed_files() -> Vec<PathBuf> {
@@ -66,34 +67,12 @@ fn replay_all<B: dsv4_kvcache::Backend>(b: &mut B) {
 
 #[test]
 fn cuda_reproduces_the_seed_kernels() {
-    #[cfg(feature = "cuda")]
-    match dsv4_kvcache::CudaBackend::new(0) {
-        Ok(mut b) => replay_all(&mut b),
-        Err(e) => gpu_required::skip_or_fail(
-            "seed vectors",
-            "cuda",
-            dsv4_kvcache::backend::cuda::CudaDriver::library_present(),
-            &e,
-        ),
-    }
-    #[cfg(not(feature = "cuda"))]
-    gpu_required::skip_or_fail("seed vectors", "cuda", false, &"no `cuda` feature");
+    on_gpu!(cuda, "seed vectors", |b| replay_all(b));
 }
 
 #[test]
 fn hip_reproduces_the_seed_kernels() {
-    #[cfg(feature = "hip")]
-    match dsv4_kvcache::HipBackend::new(0) {
-        Ok(mut b) => replay_all(&mut b),
-        Err(e) => gpu_required::skip_or_fail(
-            "seed vectors",
-            "hip",
-            dsv4_kvcache::backend::hip::HipDriver::library_present(),
-            &e,
-        ),
-    }
-    #[cfg(not(feature = "hip"))]
-    gpu_required::skip_or_fail("seed vectors", "hip", false, &"no `hip` feature");
+    on_gpu!(hip, "seed vectors", |b| replay_all(b));
 }
 
 /// The replay check can fail: the CPU reference whose latent buffers read

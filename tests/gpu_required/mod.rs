@@ -8,7 +8,7 @@
 //! runners; a comma list (`cuda`, `hip`, `cuda,hip`) names the backends
 //! required even when their library is missing.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
 
 use std::io::Write as _;
 
@@ -46,6 +46,46 @@ pub fn skip_or_fail(
         std::io::stderr(),
         "\n*** SKIPPED {test} on {backend}: {reason} ***\n"
     );
+}
+
+/// Runs `$body` with `$b` bound to `&mut` device 0 of `cuda` or `hip`, or
+/// skips (fails, when the device is required) saying why; a build without
+/// that backend's feature skips too.
+macro_rules! on_gpu {
+    (cuda, $test:expr, |$b:ident| $body:expr) => {{
+        #[cfg(feature = "cuda")]
+        match dsv4_kvcache::CudaBackend::new(0) {
+            Ok(mut dev) => {
+                let $b = &mut dev;
+                $body
+            }
+            Err(e) => gpu_required::skip_or_fail(
+                $test,
+                "cuda",
+                dsv4_kvcache::backend::cuda::CudaDriver::library_present(),
+                &e,
+            ),
+        }
+        #[cfg(not(feature = "cuda"))]
+        gpu_required::skip_or_fail($test, "cuda", false, &"no `cuda` feature");
+    }};
+    (hip, $test:expr, |$b:ident| $body:expr) => {{
+        #[cfg(feature = "hip")]
+        match dsv4_kvcache::HipBackend::new(0) {
+            Ok(mut dev) => {
+                let $b = &mut dev;
+                $body
+            }
+            Err(e) => gpu_required::skip_or_fail(
+                $test,
+                "hip",
+                dsv4_kvcache::backend::hip::HipDriver::library_present(),
+                &e,
+            ),
+        }
+        #[cfg(not(feature = "hip"))]
+        gpu_required::skip_or_fail($test, "hip", false, &"no `hip` feature");
+    }};
 }
 
 #[test]
