@@ -131,6 +131,22 @@ KV_DEVICE uint32_t kv_hw_bf16x2(float lo, float hi) {
 }
 #endif
 
+// Byte permutation of the pair (a, b): result byte i is byte s[4i..4i+4] of
+// b:a (bytes 0..3 from a, 4..7 from b).
+#define KV_HW_BYTE_PERM 1
+KV_DEVICE uint32_t kv_hw_byte_perm(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
+
+// BF16 pair multiplication (sm_90+), used only where both products are
+// BF16 numbers, so its rounding never acts.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KV_HW_BF16X2_MUL 1
+KV_DEVICE uint32_t kv_hw_bf16x2_mul(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+#endif
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define KV_HW_E4M3X2 1
 KV_DEVICE uint16_t kv_hw_e4m3x2(float lo, float hi) {

@@ -155,6 +155,60 @@ KV_DEVICE float kv_e4m3_scaled_pow2(uint32_t c, uint32_t b) {
     return kv_u2f(((c & 0x80u) << 24) | ((c & 0x7fu) << 20)) * kv_pow2((int)b - 7);
 }
 
+// e4m3(c) * 2^-120 exactly for a non-NaN code: its bits under f32's.
+KV_DEVICE float kv_e4m3_bits_f32(uint32_t c) { return kv_u2f(((c & 0x80u) << 24) | ((c & 0x7fu) << 20)); }
+
+// Products of two BF16 pairs where each product is a BF16 number (nothing
+// rounds, so every correct multiplier gives these bits): a prelude's
+// hardware pair multiplication (KV_HW_BF16X2_MUL) or two f32 ones.
+KV_DEVICE uint32_t kv_bf16x2_mul_exact(uint32_t a, uint32_t b) {
+#if defined(KV_HW_BF16X2_MUL)
+    return kv_hw_bf16x2_mul(a, b);
+#else
+    float lo = kv_u2f(a << 16) * kv_u2f(b << 16);
+    float hi = kv_u2f(a & 0xffff0000u) * kv_u2f(b & 0xffff0000u);
+    return (kv_f2u(lo) >> 16) | (kv_f2u(hi) & 0xffff0000u);
+#endif
+}
+
+// The low halves of a and b as one word (a's in bits 0..15), and the high
+// halves: one byte permutation where a prelude has it (KV_HW_BYTE_PERM).
+KV_DEVICE uint32_t kv_pack_lo16(uint32_t a, uint32_t b) {
+#if defined(KV_HW_BYTE_PERM)
+    return kv_hw_byte_perm(a, b, 0x5410u);
+#else
+    return (a & 0xffffu) | (b << 16);
+#endif
+}
+KV_DEVICE uint32_t kv_pack_hi16(uint32_t a, uint32_t b) {
+#if defined(KV_HW_BYTE_PERM)
+    return kv_hw_byte_perm(a, b, 0x7632u);
+#else
+    return (a >> 16) | (b & 0xffff0000u);
+#endif
+}
+
+// kv_e4m3_scaled_pow2 of the codes in bits 0..7 and 16..23 of p (its other
+// bits ignored) as a BF16 pair: the codes' bits under BF16's are their
+// values times 2^-120, and one exact pair multiplication by 2^(b - 7)
+// finishes both.
+KV_DEVICE uint32_t kv_e4m3x2_scaled_pow2_bf16x2(uint32_t p, uint32_t b) {
+    uint32_t bits = ((p & 0x007f007fu) << 4) | ((p & 0x00800080u) << 8);
+    uint32_t s = (b + 120u) << 7;
+    return kv_bf16x2_mul_exact(bits, s | (s << 16));
+}
+
+// BF16 pair of two non-NaN values, each rounded to nearest even: a
+// prelude's hardware pair conversion (same bits on non-NaN inputs) or
+// kv_bf16_from_f32 twice.
+KV_DEVICE uint32_t kv_bf16x2_from_f32_nonnan(float lo, float hi) {
+#if defined(KV_HW_BF16X2)
+    return kv_hw_bf16x2(lo, hi);
+#else
+    return (uint32_t)kv_bf16_from_f32(lo) | ((uint32_t)kv_bf16_from_f32(hi) << 16);
+#endif
+}
+
 // Whether a byte of w is an e4m3 NaN: a zero byte of ~w & 0x7F7F7F7F.
 KV_DEVICE bool kv_e4m3_nan_in_word(uint32_t w) {
     uint32_t v = ~w & 0x7f7f7f7fu;

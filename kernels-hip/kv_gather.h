@@ -133,47 +133,80 @@ KV_DEVICE void kv_gather_load_unit(const uint8_t* values, const uint8_t* scales,
     }
 }
 
+// Per-launch constants of the FP8 rows decoder: the multiplier of
+// kv_fp8_rows_multiplier (fast is false where there is none).
+struct KvGatherFp8 {
+    float scale;
+    float mul;
+    bool fast;
+};
+
+// Twin of formats.rs fp8_rows_multiplier: s * 2^120, exact for finite |s| < 2^8.
+KV_DEVICE KvGatherFp8 kv_fp8_rows_multiplier(float s) {
+    KvGatherFp8 f;
+    f.scale = s;
+    f.fast = kv_fabsf(s) < 256.0f;
+    f.mul = f.fast ? s * kv_pow2(120) : 0.0f;
+    return f;
+}
+
+// Code k of a unit (8-bit codes; 4-bit for NVFP4).
+template <int LAYOUT>
+KV_DEVICE uint32_t kv_gather_code(const uint32_t w[4], int k) {
+    if (LAYOUT == KV_LAYOUT_NVFP4) return (w[k / 8] >> (4 * (k % 8))) & 0xfu;
+    return (w[k / 4] >> (8 * (k % 4))) & 0xffu;
+}
+
 // The decoded value of element k of a code unit (layout::decode_record):
-// code times scale, one f32 multiplication.
+// code times scale, one f32 multiplication; every path below equals it.
 template <int LAYOUT>
 KV_DEVICE float kv_gather_value(const uint32_t w[4], int k, uint32_t sc, float fp8_scale) {
-    if (LAYOUT == KV_LAYOUT_NVFP4) {
-        uint32_t code = (w[k / 8] >> (4 * (k % 8))) & 0xfu;
-        return kv_e2m1_to_f32(code) * kv_e4m3_to_f32(sc);
-    }
-    uint32_t code = (w[k / 4] >> (8 * (k % 4))) & 0xffu;
+    uint32_t code = kv_gather_code<LAYOUT>(w, k);
+    if (LAYOUT == KV_LAYOUT_NVFP4) return kv_e2m1_to_f32(code) * kv_e4m3_to_f32(sc);
     float scale = LAYOUT == KV_LAYOUT_FP8 ? fp8_scale : kv_ue8m0_to_f32(sc);
     return kv_e4m3_to_f32(code) * scale;
 }
 
-// The same value where the unit passed kv_gather_exact: scale and codes
-// are such that the product is exact with its low 16 bits zero (formats.rs,
-// reader_shortcuts_are_exact), so its BF16 is its upper half.
+// The same value for a unit that passed kv_gather_finite (no NaN code, a
+// scale that is no NaN), without the NaN selects: V4 and MXFP8 as the
+// code's bits times 2^120 times the scale (both exact, then one rounding),
+// FP8 rows as the code's bits times the folded multiplier, NVFP4 as the
+// code times its tile scale.
 template <int LAYOUT>
-KV_DEVICE float kv_gather_exact_value(const uint32_t w[4], int k, uint32_t sc, float nvfp4_scale) {
-    if (LAYOUT == KV_LAYOUT_NVFP4) {
-        uint32_t code = (w[k / 8] >> (4 * (k % 8))) & 0xfu;
-        return kv_e2m1_to_f32(code) * nvfp4_scale;
-    }
-    return kv_e4m3_scaled_pow2((w[k / 4] >> (8 * (k % 4))) & 0xffu, sc);
+KV_DEVICE float kv_gather_finite_value(const uint32_t w[4], int k, uint32_t sc, float nvfp4_scale,
+                                       const KvGatherFp8& fp8) {
+    uint32_t code = kv_gather_code<LAYOUT>(w, k);
+    if (LAYOUT == KV_LAYOUT_NVFP4) return kv_e2m1_to_f32(code) * nvfp4_scale;
+    if (LAYOUT == KV_LAYOUT_FP8) return kv_e4m3_bits_f32(code) * fp8.mul;
+    return kv_e4m3_bits_f32(code) * kv_pow2(120) * kv_ue8m0_to_f32(sc);
 }
 
-// Whether a code unit's products are all exact in BF16 and not NaN: NVFP4
-// with a non-NaN tile scale; V4 and MXFP8 with a scale byte in 3..134 and
-// no NaN code. Almost every unit of a written cache; the others take the
-// general path. FP8 rows (an arbitrary f32 scale) always do.
+// Whether a code unit's products are all exact in BF16 (kv_e4m3_scaled_pow2's
+// domain): V4 and MXFP8 with a scale byte in 3..134 and no NaN code. Almost
+// every unit of a written cache.
 template <int LAYOUT, bool F32>
 KV_DEVICE bool kv_gather_exact(const uint32_t w[4], uint32_t sc) {
-    if (LAYOUT == KV_LAYOUT_NVFP4) return (sc & 0x7fu) != 0x7fu;
     if (LAYOUT != KV_LAYOUT_V4 && LAYOUT != KV_LAYOUT_MXFP8) return false;
     bool nan = kv_e4m3_nan_in_word(w[0]);
     if (!F32) nan = nan || kv_e4m3_nan_in_word(w[1]);
     return !nan && sc - 3u <= 131u;
 }
 
+// Whether no product of a code unit is a NaN, so that the NaN selects can
+// go: no NaN code and a scale that is no NaN (V4, MXFP8: not 255; NVFP4:
+// the tile scale not 0x7F/0xFF; FP8 rows: a multiplier exists).
+template <int LAYOUT, bool F32>
+KV_DEVICE bool kv_gather_finite(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8) {
+    if (LAYOUT == KV_LAYOUT_NVFP4) return (sc & 0x7fu) != 0x7fu;
+    bool nan = kv_e4m3_nan_in_word(w[0]);
+    if (!F32) nan = nan || kv_e4m3_nan_in_word(w[1]);
+    if (LAYOUT == KV_LAYOUT_FP8) return !nan && fp8.fast;
+    return !nan && sc != 255u;
+}
+
 // One unit's 16 output bytes as words.
 template <int LAYOUT, bool F32>
-KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int d0, float fp8_scale) {
+KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int d0, const KvGatherFp8& fp8) {
     uint32_t o[4];
     if (kv_gather_unit_is_bf16<LAYOUT>(d0)) {
         // BF16 in the record: kept (widened for F32), except that a NaN
@@ -192,24 +225,46 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
             }
         }
     } else if (kv_gather_exact<LAYOUT, F32>(w, sc)) {
+        if (F32) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_e4m3_scaled_pow2(kv_gather_code<LAYOUT>(w, k), sc));
+        } else {
+            // A word's even codes (bytes 0 and 2) and odd codes (1 and 3)
+            // each scaled by one pair multiplication, then interleaved.
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                uint32_t even = kv_e4m3x2_scaled_pow2_bf16x2(w[k], sc);
+                uint32_t odd = kv_e4m3x2_scaled_pow2_bf16x2(w[k] >> 8, sc);
+                o[2 * k] = kv_pack_lo16(even, odd);
+                o[2 * k + 1] = kv_pack_hi16(even, odd);
+            }
+        }
+    } else if (kv_gather_finite<LAYOUT, F32>(w, sc, fp8)) {
         float ns = LAYOUT == KV_LAYOUT_NVFP4 ? kv_e4m3_to_f32(sc) : 0.0f;
         if (F32) {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_gather_exact_value<LAYOUT>(w, k, sc, ns));
+            for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_gather_finite_value<LAYOUT>(w, k, sc, ns, fp8));
+        } else if (LAYOUT == KV_LAYOUT_NVFP4) {
+            // Every NVFP4 product is exact in BF16 (formats.rs,
+            // reader_shortcuts_are_exact): its BF16 is its upper half.
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                o[k] = (kv_f2u(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, ns, fp8)) >> 16) |
+                       (kv_f2u(kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, ns, fp8)) & 0xffff0000u);
         } else {
 #pragma unroll
             for (int k = 0; k < 4; ++k)
-                o[k] = (kv_f2u(kv_gather_exact_value<LAYOUT>(w, 2 * k, sc, ns)) >> 16) |
-                       (kv_f2u(kv_gather_exact_value<LAYOUT>(w, 2 * k + 1, sc, ns)) & 0xffff0000u);
+                o[k] = kv_bf16x2_from_f32_nonnan(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, ns, fp8),
+                                                 kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, ns, fp8));
         }
     } else if (F32) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) o[k] = kv_f32_canonical(kv_gather_value<LAYOUT>(w, k, sc, fp8_scale));
+        for (int k = 0; k < 4; ++k) o[k] = kv_f32_canonical(kv_gather_value<LAYOUT>(w, k, sc, fp8.scale));
     } else {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            o[k] = (uint32_t)kv_bf16_from_f32(kv_gather_value<LAYOUT>(w, 2 * k, sc, fp8_scale)) |
-                   ((uint32_t)kv_bf16_from_f32(kv_gather_value<LAYOUT>(w, 2 * k + 1, sc, fp8_scale)) << 16);
+            o[k] = (uint32_t)kv_bf16_from_f32(kv_gather_value<LAYOUT>(w, 2 * k, sc, fp8.scale)) |
+                   ((uint32_t)kv_bf16_from_f32(kv_gather_value<LAYOUT>(w, 2 * k + 1, sc, fp8.scale)) << 16);
     }
     kv_u32x4 v;
     v.x = o[0];
@@ -229,7 +284,7 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
     const unsigned lane = kv_lane();
     const bool two = (p.flags & KV_GF_TWO_ROWS) != 0u;
     const int64_t first = two ? 2 * kv_group(p.flags) : kv_group(p.flags);
-    const float fp8_scale = LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f;
+    const KvGatherFp8 fp8 = kv_fp8_rows_multiplier(LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f);
 
     bool ok[2];
     const uint8_t* values[2];
@@ -261,7 +316,7 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
 #pragma unroll
         for (int s = 0; s < STEPS; ++s) {
             int u = (int)lane + 32 * s;
-            out[u] = kv_gather_convert_unit<LAYOUT, F32>(w[r][s], sc[r][s], DIMS * u, fp8_scale);
+            out[u] = kv_gather_convert_unit<LAYOUT, F32>(w[r][s], sc[r][s], DIMS * u, fp8);
         }
     }
 }

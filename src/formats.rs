@@ -226,6 +226,50 @@ pub fn e4m3_scaled_pow2(c: u8, b: u8) -> f32 {
     f32::from_bits(((c & 0x80) << 24) | ((c & 0x7f) << 20)) * pow2(b as i32 - 7)
 }
 
+/// The f32 whose sign, exponent and mantissa bits are those of e4m3 code
+/// `c` shifted under f32's: `e4m3(c) × 2^-120` exactly for a non-NaN code
+/// (a subnormal code lands on an f32 subnormal), the first step of
+/// [`e4m3_to_f32`] (twin `kv_e4m3_bits_f32`).
+#[inline]
+pub fn e4m3_bits_f32(c: u8) -> f32 {
+    let c = c as u32;
+    f32::from_bits(((c & 0x80) << 24) | ((c & 0x7f) << 20))
+}
+
+/// The products of two BF16 pairs (low and high halves of `a` and `b`)
+/// where each product is a BF16 number, so nothing rounds and every
+/// correct multiplier gives these bits: here two f32 multiplications of
+/// the widened halves (twin `kv_bf16x2_mul_exact`, which a prelude may
+/// give a hardware pair multiplication).
+#[inline]
+pub fn bf16x2_mul_exact(a: u32, b: u32) -> u32 {
+    let lo = f32::from_bits(a << 16) * f32::from_bits(b << 16);
+    let hi = f32::from_bits(a & 0xffff_0000) * f32::from_bits(b & 0xffff_0000);
+    (lo.to_bits() >> 16) | (hi.to_bits() & 0xffff_0000)
+}
+
+/// [`e4m3_scaled_pow2`] of two codes at once, as a BF16 pair: `p` holds a
+/// code in bits 0..8 and one in bits 16..24 (neither NaN; the other bits
+/// are ignored), `3 <= b <= 134`.
+/// Each code's bits under BF16's (BF16 has f32's exponent) are its value
+/// times `2^-120`, so one exact pair multiplication by `2^(b - 7)` gives
+/// both products (twin `kv_e4m3x2_scaled_pow2_bf16x2`).
+#[inline]
+pub fn e4m3x2_scaled_pow2_bf16x2(p: u32, b: u8) -> u32 {
+    let bits = ((p & 0x007f_007f) << 4) | ((p & 0x0080_0080) << 8);
+    let s = (b as u32 + 120) << 7;
+    bf16x2_mul_exact(bits, s | (s << 16))
+}
+
+/// The multiplier that turns [`e4m3_bits_f32`] into `e4m3_to_f32(c) × s`
+/// with one rounding: `s × 2^120`, exact for a finite `|s| < 2^8` (else
+/// `None`). The product of two f32 rounds the exact real `e4m3(c) × s`
+/// once, as `e4m3_to_f32(c) * s` does (twin `kv_fp8_rows_multiplier`).
+#[inline]
+pub fn fp8_rows_multiplier(s: f32) -> Option<f32> {
+    (s.abs() < 256.0).then(|| s * pow2(120))
+}
+
 /// Whether one of the four bytes of `w` is an e4m3 NaN (`0x7F` or `0xFF`):
 /// the NaN bytes are the zero bytes of `!w & 0x7F7F7F7F`, and with every
 /// byte below `0x80` a zero byte is the one that borrows into its bit 7
@@ -329,6 +373,57 @@ mod tests {
         assert_eq!(ue8m0_to_f32(255).to_bits(), f32::NAN.to_bits());
     }
 
+    /// FP8 rows: one multiplication of the code's bits by the folded
+    /// multiplier rounds like the definition, for every code and scale.
+    #[test]
+    fn fp8_rows_multiplier_rounds_once() {
+        let mut scales = vec![
+            0.0f32,
+            -0.0,
+            f32::from_bits(1),
+            f32::from_bits(0x8000_0001),
+            f32::from_bits(0x007f_ffff),
+            f32::MIN_POSITIVE,
+            0.0125,
+            1.0,
+            -3.0e-3,
+            255.99998,
+            -255.99998,
+            1.0e-30,
+        ];
+        let mut x = 0x9e37_79b9u32;
+        while scales.len() < 2000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let s = f32::from_bits(x);
+            if s.abs() < 256.0 {
+                scales.push(s);
+            }
+        }
+        for s in scales {
+            let m = fp8_rows_multiplier(s).expect("finite and below 256");
+            for c in 0..=255u8 {
+                if c & 0x7f == 0x7f {
+                    continue;
+                }
+                let want = e4m3_to_f32(c) * s;
+                let got = e4m3_bits_f32(c) * m;
+                assert_eq!(got.to_bits(), want.to_bits(), "code {c:#04x} scale {s:e}");
+            }
+        }
+        for s in [
+            256.0f32,
+            -256.0,
+            1.0e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ] {
+            assert_eq!(fp8_rows_multiplier(s), None, "{s}");
+        }
+    }
+
     /// The reader's shortcuts equal the definition over their domains.
     #[test]
     fn reader_shortcuts_are_exact() {
@@ -342,6 +437,23 @@ mod tests {
                 assert_eq!(got.to_bits(), want.to_bits(), "code {c:#04x} scale {b}");
                 assert_eq!(got.to_bits() & 0xffff, 0, "code {c:#04x} scale {b}");
                 assert_eq!(bf16_from_f32(got), (got.to_bits() >> 16) as u16);
+            }
+        }
+        // Pairs: every two non-NaN codes at every such scale.
+        for c0 in 0..=255u8 {
+            for c1 in 0..=255u8 {
+                if c0 & 0x7f == 0x7f || c1 & 0x7f == 0x7f {
+                    continue;
+                }
+                for b in 3..=134u8 {
+                    let got = e4m3x2_scaled_pow2_bf16x2(c0 as u32 | ((c1 as u32) << 16), b);
+                    let want = |c: u8| bf16_from_f32(e4m3_to_f32(c) * ue8m0_to_f32(b)) as u32;
+                    assert_eq!(
+                        got,
+                        want(c0) | (want(c1) << 16),
+                        "codes {c0:#04x} {c1:#04x} scale {b}"
+                    );
+                }
             }
         }
         // NVFP4: every product of a code and a non-NaN scale is exact in BF16.

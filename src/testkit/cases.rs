@@ -3,6 +3,7 @@
 use super::{normals, Rng};
 use crate::formats::bf16_from_f32;
 use crate::layout::{RecordLayout, DIM};
+use crate::reference::encode_record;
 use crate::tensor::DType;
 use crate::vectors::{Op, VTensor, VectorFile};
 
@@ -380,6 +381,55 @@ fn gather_inputs(f: &mut VectorFile, rng: &mut Rng, s: &CaseSpec, out_f32: bool)
         VTensor::bytes(dt, &[out_rows, DIM], rng.bytes(esz * out_rows * DIM)),
     );
     f.set_meta("layout", s.layout.name());
+}
+
+/// [`make_gather_case`] over a cache that the writer filled, as a serving
+/// cache is: every row holds the record of a normally distributed latent
+/// at its own position (the library's encoder, so the decoders' common
+/// paths), where [`make_gather_case`]'s random bytes reach every path.
+pub fn make_written_gather_case(s: &CaseSpec, out_f32: bool) -> VectorFile {
+    use rayon::prelude::*;
+    let mut f = make_gather_case(s, out_f32);
+    let layout = s.layout;
+    let mut cache = f
+        .input("kv_cache")
+        .expect("gather cases have a cache")
+        .clone();
+    let bs = GATHER_BLOCK_SIZE;
+    let rows = cache.shape[0] * bs;
+    let (v, sb) = (layout.value_bytes(), layout.scale_bytes());
+    let mut rng = Rng::new(s.seed ^ 0x5772_6974);
+    let latents: Vec<u16> = normals(&mut rng, rows * DIM)
+        .into_iter()
+        .map(bf16_from_f32)
+        .collect();
+    let table = rope_cos_sin(rows);
+    let inv_fp8 = 1.0f32 / FP8_SCALE;
+    cache
+        .data
+        .par_chunks_mut(bs * (v + sb))
+        .enumerate()
+        .for_each(|(block, page)| {
+            for r in 0..bs {
+                let row = block * bs + r;
+                let latent: &[u16; DIM] = latents[row * DIM..(row + 1) * DIM]
+                    .try_into()
+                    .expect("DIM values");
+                let cs = &table[row * 64..row * 64 + 64];
+                let rec = encode_record(
+                    layout,
+                    latent,
+                    cs[..32].try_into().expect("32 cos"),
+                    cs[32..].try_into().expect("32 sin"),
+                    false,
+                    inv_fp8,
+                );
+                page[r * v..(r + 1) * v].copy_from_slice(&rec.values[..v]);
+                page[bs * v + r * sb..bs * v + (r + 1) * sb].copy_from_slice(&rec.scales[..sb]);
+            }
+        });
+    f.set_input("kv_cache", cache);
+    f
 }
 
 /// A vector file with the inputs of `s` (no outputs; see

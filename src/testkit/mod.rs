@@ -11,8 +11,8 @@ mod cases;
 mod rng;
 
 pub use cases::{
-    make_case, make_gather_case, rope_cos_sin, split, CaseSpec, BLOCK_SIZE, FP8_SCALE,
-    GATHER_BLOCK_SIZE, RMS_NORM_EPS,
+    make_case, make_gather_case, make_written_gather_case, rope_cos_sin, split, CaseSpec,
+    BLOCK_SIZE, FP8_SCALE, GATHER_BLOCK_SIZE, RMS_NORM_EPS,
 };
 pub use rng::{normals, Rng};
 

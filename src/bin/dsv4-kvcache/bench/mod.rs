@@ -12,7 +12,7 @@ use crate::timing::{median_f32, Timing};
 use crate::{CliError, CliResult};
 use anchors::{anchor, ANCHOR_T};
 use dsv4_kvcache::layout::RecordLayout;
-use dsv4_kvcache::testkit::{make_case, make_gather_case, CaseSpec};
+use dsv4_kvcache::testkit::{make_case, make_gather_case, make_written_gather_case, CaseSpec};
 use dsv4_kvcache::vectors::{Op, VTensor, VectorFile};
 use dsv4_kvcache::{
     Backend, CompressArgs, Error, InsertArgs, Result, Tensor, TensorDesc, TensorMut,
@@ -120,6 +120,8 @@ struct BenchCase {
     name: String,
     layout: Option<RecordLayout>,
     spec: CaseSpec,
+    /// Gathers: a cache of random bytes instead of one the writer filled.
+    random_bytes: bool,
 }
 
 /// The rows of the main table at `t` tokens.
@@ -146,6 +148,7 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
                 layout: l,
                 ..base.clone()
             },
+            random_bytes: false,
         });
     }
     v.push(BenchCase {
@@ -155,6 +158,7 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
             op: Op::FusedSaveCompressNorm,
             ..base.clone()
         },
+        random_bytes: false,
     });
     v.push(BenchCase {
         name: "compress CR2, T one-token requests".into(),
@@ -165,6 +169,7 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
             requests: t,
             ..base.clone()
         },
+        random_bytes: false,
     });
     // Decode with one speculative (MTP) token: the second token of each
     // request closes the group (pooled by its request item in the
@@ -178,6 +183,7 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
             requests: (t / 2).max(1),
             ..base.clone()
         },
+        random_bytes: false,
     });
     v.push(BenchCase {
         name: "compress CR2, 4 requests of T/4".into(),
@@ -188,6 +194,7 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
             requests: 4,
             ..base.clone()
         },
+        random_bytes: false,
     });
     v.push(BenchCase {
         name: "save_ring_rows".into(),
@@ -196,23 +203,33 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
             op: Op::SaveRingRows,
             ..base.clone()
         },
+        random_bytes: false,
     });
     // The reader: T rows gathered by a random permutation of slots from a
-    // cache of 2T rows, dequantized to BF16.
-    for l in RecordLayout::ALL {
-        v.push(BenchCase {
-            name: format!("gather {}", l.name()),
-            layout: Some(l),
-            spec: CaseSpec {
-                op: Op::GatherDequant,
-                layout: l,
-                requests: 0,
-                ..base.clone()
-            },
-        });
+    // cache of 2T rows, dequantized to BF16; the cache as the writer fills
+    // it, then random bytes (every decoder path, NaN codes included).
+    for random in [false, true] {
+        for l in RecordLayout::ALL {
+            v.push(BenchCase {
+                name: format!(
+                    "gather {}{}",
+                    l.name(),
+                    if random { ", random bytes" } else { "" }
+                ),
+                layout: Some(l),
+                spec: CaseSpec {
+                    op: Op::GatherDequant,
+                    layout: l,
+                    requests: 0,
+                    ..base.clone()
+                },
+                random_bytes: random,
+            });
+        }
     }
     v
 }
+
 impl Job for BenchJob {
     type Out = ();
 
@@ -269,10 +286,12 @@ impl Job for BenchJob {
                 if !self.wants(&c.name) {
                     continue;
                 }
-                let mut f = if c.spec.op == Op::GatherDequant {
+                let mut f = if c.spec.op != Op::GatherDequant {
+                    make_case(&c.spec)
+                } else if c.random_bytes {
                     make_gather_case(&c.spec, false)
                 } else {
-                    make_case(&c.spec)
+                    make_written_gather_case(&c.spec, false)
                 };
                 if self.sorted_slots {
                     sort_slots(&mut f)?;
