@@ -198,6 +198,16 @@ KV_DEVICE uint32_t kv_e4m3x2_scaled_pow2_bf16x2(uint32_t p, uint32_t b) {
     return kv_bf16x2_mul_exact(bits, s | (s << 16));
 }
 
+// kv_e2m1_to_f32 of the codes in bits 0..3 and 16..19 of p (its other bits
+// ignored), times an NVFP4 tile scale given as its BF16 in both halves of
+// s2 (a non-NaN e4m3 code: every product is an exact BF16), as a BF16
+// pair: the codes' bits under BF16's are their values times 2^-126, and
+// two exact pair multiplications (by 2^126, by the scale) finish both.
+KV_DEVICE uint32_t kv_e2m1x2_scaled_bf16x2(uint32_t p, uint32_t s2) {
+    uint32_t bits = ((p & 0x00070007u) << 6) | ((p & 0x00080008u) << 12);
+    return kv_bf16x2_mul_exact(kv_bf16x2_mul_exact(bits, 0x7e807e80u), s2);
+}
+
 // BF16 pair of two non-NaN values, each rounded to nearest even: a
 // prelude's hardware pair conversion (same bits on non-NaN inputs) or
 // kv_bf16_from_f32 twice.

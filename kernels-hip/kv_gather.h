@@ -246,11 +246,16 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
             for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_gather_finite_value<LAYOUT>(w, k, sc, ns, fp8));
         } else if (LAYOUT == KV_LAYOUT_NVFP4) {
             // Every NVFP4 product is exact in BF16 (formats.rs,
-            // reader_shortcuts_are_exact): its BF16 is its upper half.
+            // reader_shortcuts_are_exact): codes j and j + 4 by pair
+            // multiplications, then interleaved.
+            uint32_t s = kv_f2u(ns) >> 16;
+            uint32_t r[4];
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
-                o[k] = (kv_f2u(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, ns, fp8)) >> 16) |
-                       (kv_f2u(kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, ns, fp8)) & 0xffff0000u);
+            for (int j = 0; j < 4; ++j) r[j] = kv_e2m1x2_scaled_bf16x2(w[0] >> (4 * j), s | (s << 16));
+            o[0] = kv_pack_lo16(r[0], r[1]);
+            o[1] = kv_pack_lo16(r[2], r[3]);
+            o[2] = kv_pack_hi16(r[0], r[1]);
+            o[3] = kv_pack_hi16(r[2], r[3]);
         } else {
 #pragma unroll
             for (int k = 0; k < 4; ++k)

@@ -261,6 +261,19 @@ pub fn e4m3x2_scaled_pow2_bf16x2(p: u32, b: u8) -> u32 {
     bf16x2_mul_exact(bits, s | (s << 16))
 }
 
+/// `e2m1_to_f32(c) × s` for two codes at once, as a BF16 pair: `p` holds a
+/// code in bits 0..4 and one in bits 16..20 (the other bits are ignored),
+/// `s2` an NVFP4 tile scale's BF16 (a non-NaN e4m3 code, whose products
+/// with every code are exact BF16 numbers) in both halves. Each code's
+/// bits under BF16's are its value times `2^-126`; two exact pair
+/// multiplications, by `2^126` and by the scale, finish both (twin
+/// `kv_e2m1x2_scaled_bf16x2`).
+#[inline]
+pub fn e2m1x2_scaled_bf16x2(p: u32, s2: u32) -> u32 {
+    let bits = ((p & 0x0007_0007) << 6) | ((p & 0x0008_0008) << 12);
+    bf16x2_mul_exact(bf16x2_mul_exact(bits, 0x7e80_7e80), s2)
+}
+
 /// The multiplier that turns [`e4m3_bits_f32`] into `e4m3_to_f32(c) × s`
 /// with one rounding: `s × 2^120`, exact for a finite `|s| < 2^8` (else
 /// `None`). The product of two f32 rounds the exact real `e4m3(c) × s`
@@ -469,6 +482,25 @@ mod tests {
                     f64::from(v),
                     f64::from(e2m1_to_f32(c)) * f64::from(e4m3_to_f32(s))
                 );
+            }
+        }
+        // NVFP4 pairs: every two codes at every non-NaN tile scale.
+        for sc in 0..=255u8 {
+            if sc & 0x7f == 0x7f {
+                continue;
+            }
+            let s = e4m3_to_f32(sc).to_bits() >> 16;
+            for c0 in 0..16u32 {
+                for c1 in 0..16u32 {
+                    let got = e2m1x2_scaled_bf16x2(c0 | (c1 << 16) | 0xfff0_fff0, s | (s << 16));
+                    let want =
+                        |c: u32| bf16_from_f32(e2m1_to_f32(c as u8) * e4m3_to_f32(sc)) as u32;
+                    assert_eq!(
+                        got,
+                        want(c0) | (want(c1) << 16),
+                        "codes {c0} {c1} scale {sc:#04x}"
+                    );
+                }
             }
         }
         let nan_byte = |b: u32| b & 0x7f == 0x7f;

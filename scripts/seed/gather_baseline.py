@@ -5,11 +5,18 @@ from docs/layouts.md; the H200 baseline of issue 17 item 5. Then ours
 1024, 8192, 65536 with a random slot permutation; ours is checked against
 the CPU reference on the same tensors first.
 
-    python scripts/seed/gather_baseline.py            # on the H200 (torch + triton)
+    python scripts/seed/gather_baseline.py [written|random ...]   # on the H200 (torch + triton)
+
+Two caches: "written" (every row the record of a normally distributed
+latent, written by dsv4_kvcache.rope_quant_insert: what a serving cache
+holds) and "random" (random code bytes, scale bytes in 100..140: every
+decoder path of ours, NaN codes included).
 
 Timing baseline only: its scale is exp2(b - 127) (255 gives inf, not NaN),
 which the random caches here avoid by drawing scale bytes in 100..140.
 """
+
+import sys
 
 import torch
 import triton
@@ -56,10 +63,19 @@ KERNELS = {"mxfp8": (_mxfp8_gather, 528, 512, 16), "nvfp4": (_nvfp4_gather, 288,
 BS = 64
 
 
-def make_cache(layout, rows, dev):
+def make_cache(layout, rows, dev, written):
     w, v, sb = KERNELS[layout][1:]
     blocks = rows // BS
     c = torch.randint(0, 256, (blocks, BS, w), dtype=torch.uint8, device=dev)
+    if written:
+        g = torch.Generator(device=dev).manual_seed(rows)
+        latent = torch.randn(rows, 512, device=dev, generator=g).to(torch.bfloat16)
+        pos = torch.arange(rows, device=dev, dtype=torch.int64)
+        theta = 10000.0 ** (-2.0 * torch.arange(32, dtype=torch.float64) / 64.0)
+        ang = torch.arange(rows, dtype=torch.float64)[:, None] * theta[None, :]
+        cos_sin = torch.cat([ang.cos(), ang.sin()], 1).to(torch.float32).to(dev)
+        kv.rope_quant_insert(latent, pos, cos_sin, c, pos, 1)
+        return c
     flat = c.view(blocks, -1)
     if layout == "mxfp8":
         flat[:, BS * v:] = torch.randint(100, 141, (blocks, BS * sb), dtype=torch.uint8, device=dev)
@@ -95,12 +111,13 @@ def graph_us(fn, reps=50):
 def main():
     dev = "cuda"
     print("backend:", kv.init(dev))
-    for layout in ["mxfp8", "nvfp4"]:
+    modes = sys.argv[1:] or ["written", "random"]
+    for mode, layout in [(m, l) for m in modes for l in ["mxfp8", "nvfp4"]]:
         kern, w = KERNELS[layout][0], KERNELS[layout][1]
         for n in [1, 16, 128, 1024, 8192, 65536]:
             rows = max(n, BS) * 2
             rows += (-rows) % BS
-            cache = make_cache(layout, rows, dev)
+            cache = make_cache(layout, rows, dev, mode == "written")
             slots = torch.randperm(rows, device=dev)[:n].to(torch.int64)
             ours = torch.empty(n, 512, dtype=torch.bfloat16, device=dev)
             base = torch.empty_like(ours)
@@ -112,7 +129,7 @@ def main():
             t_ours = graph_us(lambda: kv.gather_dequant(cache, ours, slots))
             t_base = graph_us(lambda: kern[(n,)](cache, slots, base, BS, BS * w, num_warps=4))
             moved = n * (w + 8 + 1024)  # record + slot read, BF16 row written
-            print(f"{layout} N={n:6d}: ours {t_ours:8.2f} us ({moved / t_ours / 1e3:7.1f} GB/s), "
+            print(f"{mode} {layout} N={n:6d}: ours {t_ours:8.2f} us ({moved / t_ours / 1e3:7.1f} GB/s), "
                   f"triton {t_base:8.2f} us ({moved / t_base / 1e3:7.1f} GB/s), "
                   f"bytes {moved}, mismatches vs CPU {bad}")
 
