@@ -141,6 +141,12 @@ KV_DEVICE float kv_ue8m0_to_f32(uint32_t b) {
 // (= kv_bf16_from_f32(kv_bf16_to_f32(h))).
 KV_DEVICE uint32_t kv_bf16_canonical(uint32_t h) { return (h & 0x7fffu) > 0x7f80u ? 0x7fffu : h; }
 
+// kv_bf16_canonical of both halves of w (twin formats.rs bf16x2_canonical).
+KV_DEVICE uint32_t kv_bf16x2_canonical(uint32_t w) {
+    uint32_t m = ((((w & 0x7fff7fffu) + 0x007f007fu) & 0x80008000u) >> 15) * 0xffffu;
+    return (w & ~m) | (0x7fff7fffu & m);
+}
+
 // The bits written for an F32 output: x itself, every NaN as 0x7FC00000.
 KV_DEVICE uint32_t kv_f32_canonical(float x) {
     uint32_t b = kv_f2u(x);

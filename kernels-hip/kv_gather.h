@@ -204,6 +204,15 @@ KV_DEVICE bool kv_gather_finite(const uint32_t w[4], uint32_t sc, const KvGather
     return !nan && sc != 255u;
 }
 
+KV_DEVICE kv_u32x4 kv_u32x4_of(const uint32_t o[4]) {
+    kv_u32x4 v;
+    v.x = o[0];
+    v.y = o[1];
+    v.z = o[2];
+    v.w = o[3];
+    return v;
+}
+
 // One unit's 16 output bytes as words.
 template <int LAYOUT, bool F32>
 KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int d0, const KvGatherFp8& fp8) {
@@ -213,6 +222,12 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
         // becomes the canonical one.
         bool nan = kv_bf16_nan_in_word(w[0]) || kv_bf16_nan_in_word(w[1]);
         if (!F32) nan = nan || kv_bf16_nan_in_word(w[2]) || kv_bf16_nan_in_word(w[3]);
+        if (!nan) {
+            // Almost every unit: the words themselves (widened for F32).
+#pragma unroll
+            for (int k = 0; k < 4; ++k) o[k] = F32 ? (w[k / 2] >> (16 * (k % 2))) << 16 : w[k];
+            return kv_u32x4_of(o);
+        }
 #pragma unroll
         for (int k = 0; k < (F32 ? 4 : 8); ++k) {
             uint32_t h = (w[k / 2] >> (16 * (k % 2))) & 0xffffu;
@@ -266,17 +281,17 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
 #pragma unroll
         for (int k = 0; k < 4; ++k) o[k] = kv_f32_canonical(kv_gather_value<LAYOUT>(w, k, sc, fp8.scale));
     } else {
+        // Rounded as any pair (a NaN to some NaN), then every NaN half made
+        // the canonical one: kv_bf16_from_f32 of each value.
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-            o[k] = (uint32_t)kv_bf16_from_f32(kv_gather_value<LAYOUT>(w, 2 * k, sc, fp8.scale)) |
-                   ((uint32_t)kv_bf16_from_f32(kv_gather_value<LAYOUT>(w, 2 * k + 1, sc, fp8.scale)) << 16);
+        for (int k = 0; k < 4; ++k) {
+            float a, b;
+            kv_bf16_round_pair_any_nan(kv_gather_value<LAYOUT>(w, 2 * k, sc, fp8.scale),
+                                       kv_gather_value<LAYOUT>(w, 2 * k + 1, sc, fp8.scale), &a, &b);
+            o[k] = kv_bf16x2_canonical((kv_f2u(a) >> 16) | (kv_f2u(b) & 0xffff0000u));
+        }
     }
-    kv_u32x4 v;
-    v.x = o[0];
-    v.y = o[1];
-    v.z = o[2];
-    v.w = o[3];
-    return v;
+    return kv_u32x4_of(o);
 }
 
 template <int LAYOUT, bool F32>

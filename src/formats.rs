@@ -192,6 +192,16 @@ pub fn bf16_canonical(h: u16) -> u16 {
     }
 }
 
+/// [`bf16_canonical`] of both halves of `w` at once: a half's magnitude
+/// plus `0x7F` reaches bit 15 exactly when it is a NaN, and that bit times
+/// `0xFFFF` masks the half (twin `kv_bf16x2_canonical`).
+#[inline]
+pub fn bf16x2_canonical(w: u32) -> u32 {
+    let nan = (((w & 0x7fff_7fff) + 0x007f_007f) & 0x8000_8000) >> 15;
+    let m = nan * 0xffff;
+    (w & !m) | (0x7fff_7fff & m)
+}
+
 /// The bits the reader writes for an F32 output value `x`: `x` itself, or
 /// `0x7FC0_0000` (`f32::NAN`, the library's quiet NaN) for every NaN, so
 /// that no output depends on how a vendor's arithmetic propagates a NaN's
@@ -500,6 +510,15 @@ mod tests {
                         want(c0) | (want(c1) << 16),
                         "codes {c0} {c1} scale {sc:#04x}"
                     );
+                }
+            }
+        }
+        for h in 0..=u16::MAX as u32 {
+            for other in [0u32, 0x7f80, 0x7f81, 0x8000, 0xff80, 0xffff, 0x7fff, 0x3f80] {
+                let want = |x: u32| bf16_canonical(x as u16) as u32;
+                for w in [h | (other << 16), other | (h << 16)] {
+                    let got = bf16x2_canonical(w);
+                    assert_eq!(got, want(w & 0xffff) | (want(w >> 16) << 16), "{w:#010x}");
                 }
             }
         }
