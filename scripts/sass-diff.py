@@ -33,7 +33,9 @@ def functions(path):
             name, body = m.group(1), []
             continue
         if name is not None and line.strip():
-            body.append(line.strip())
+            # Whitespace runs collapsed: cuobjdump pads columns to the
+            # longest instruction of the whole listing.
+            body.append(" ".join(line.split()))
     if name:
         funcs[(arch, name)] = "\n".join(body)
     return funcs
