@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""GPU time per launch through the Python package against the Rust bench,
+on identical inputs (issue 16, item 5).
+
+For each row, `dsv4-kvcache capture` writes the inputs the bench builds for
+that row (same case generator, same seed: `0xbe4c + T`, two ring rows, four
+requests; gathers in the slot form from random bytes, the bench's
+"gather L, random bytes" rows), this script loads them into CUDA tensors,
+captures 20 calls of the package's function in a CUDA graph and times
+replays (median of 7, per launch), and runs the bench's row in the same
+process tree right after. Both outputs are checked against the file's CPU
+reference first.
+
+    PYTHONPATH=SITE python3 scripts/python_graph_time.py --bin path/to/dsv4-kvcache [--tokens 1,1024,8192,65536]
+"""
+
+import argparse
+import json
+import os
+import re
+import struct
+import subprocess
+import tempfile
+
+import torch
+
+import dsv4_kvcache as dk
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "U8": torch.uint8, "I64": torch.int64,
+          "I32": torch.int32, "F8_E4M3": torch.float8_e4m3fn}
+LAUNCHES, REPLAYS = 20, 7
+
+
+def load(path):
+    """A safetensors file: 8-byte header length, JSON header, data."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    data = bytearray(raw[8 + n:])
+    out = {}
+    for name, h in header.items():
+        a, b = h["data_offsets"]
+        buf = torch.frombuffer(data[a:b], dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
+        out[name] = buf.view(DTYPES[h["dtype"]]).reshape(h["shape"]).clone()
+    return meta, out
+
+
+def graph_us(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(LAUNCHES):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / LAUNCHES)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def bench_us(binary, label, t):
+    out = subprocess.run([binary, "bench", "--backend", "cuda", "--only", label, "--tokens", str(t), "--copy-mib", "64"],
+                         check=True, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 2 and cells[0] == label and cells[1] == str(t):
+            return float(cells[2])
+    raise RuntimeError(f"no bench row {label!r} at T = {t}:\n{out}")
+
+
+def same(a, b):
+    return torch.equal(a.cpu().contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--tokens", default="1,1024,8192,65536")
+    a = ap.parse_args()
+    print("backend:", dk.init("cuda"))
+    print("| op | T | package, graph replay µs | Rust bench µs | package / bench |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    tmp = tempfile.mkdtemp()
+    for t in [int(x) for x in a.tokens.split(",")]:
+        seed = 0xBE4C + t
+        for op, layout in [("rope_quant_insert", l) for l in ["mxfp8", "nvfp4", "v4", "bf16", "fp8"]] + \
+                          [("gather_dequant", l) for l in ["mxfp8", "nvfp4", "v4", "bf16", "fp8"]]:
+            path = os.path.join(tmp, f"{op}_{layout}_{t}.safetensors")
+            extra = ["--requests", "0"] if op == "gather_dequant" else ["--requests", "4"]
+            subprocess.run([a.bin, "capture", "--op", op, "--layout", layout, "--tokens", str(t),
+                            "--seed", str(seed), "--ring-capacity", "2", "--out", path] + extra,
+                           check=True, capture_output=True)
+            meta, f = load(path)
+            d = {k[3:]: v.cuda() for k, v in f.items() if k.startswith("in.")}
+            if op == "rope_quant_insert":
+                out_name, want = "kv_cache", f["out.kv_cache"]
+                def call():
+                    dk.rope_quant_insert(d["latent"], d["positions"], d["cos_sin"], d["kv_cache"],
+                                         d["slot_mapping"], int(meta["compress_ratio"]),
+                                         fp8_scale=d.get("fp8_scale"), sanitize=False)
+                label = f"insert {layout}"
+            else:
+                out_name, want = "out", f["out.out"]
+                def call():
+                    dk.gather_dequant(d["kv_cache"], d["out"], d["slot_mapping"], fp8_scale=d.get("fp8_scale"))
+                label = f"gather {layout}, random bytes"
+            call()
+            torch.cuda.synchronize()
+            ok = same(d[out_name], want)
+            us = graph_us(call)
+            rust = bench_us(a.bin, label, t)
+            print(f"| {label} | {t} | {us:.2f} | {rust:.2f} | {us / rust:.3f}{'' if ok else ' (OUTPUT DIFFERS)'} |")
+
+
+if __name__ == "__main__":
+    main()
