@@ -6,6 +6,7 @@ from docs/layouts.md; the H200 baseline of issue 17 item 5. Then ours
 the CPU reference on the same tensors first.
 
     python scripts/seed/gather_baseline.py [written|random ...]   # on the H200 (torch + triton)
+    GATHER_BASELINE_N=1,16 python scripts/seed/gather_baseline.py written   # some sizes only
 
 Two caches: "written" (every row the record of a normally distributed
 latent, written by dsv4_kvcache.rope_quant_insert: what a serving cache
@@ -16,6 +17,7 @@ Timing baseline only: its scale is exp2(b - 127) (255 gives inf, not NaN),
 which the random caches here avoid by drawing scale bytes in 100..140.
 """
 
+import os
 import sys
 
 import torch
@@ -114,7 +116,8 @@ def main():
     modes = sys.argv[1:] or ["written", "random"]
     for mode, layout in [(m, l) for m in modes for l in ["mxfp8", "nvfp4"]]:
         kern, w = KERNELS[layout][0], KERNELS[layout][1]
-        for n in [1, 16, 128, 1024, 8192, 65536]:
+        sizes = os.environ.get("GATHER_BASELINE_N")
+        for n in [int(x) for x in sizes.split(",")] if sizes else [1, 16, 128, 1024, 8192, 65536]:
             rows = max(n, BS) * 2
             rows += (-rows) % BS
             cache = make_cache(layout, rows, dev, mode == "written")
