@@ -541,6 +541,18 @@ fn _reference_fused_compress_insert(
     reference::fused(&v, sanitize)
 }
 
+/// Reads every argument as a tensor argument and launches nothing: the
+/// per-tensor host cost alone, for scripts/python_host_cost.py.
+#[pyfunction]
+#[pyo3(signature = (*tensors))]
+fn _read_tensors(py: Python<'_>, tensors: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+    let t = torch(py)?;
+    for o in tensors.iter() {
+        view(py, t, "tensors", &o)?;
+    }
+    Ok(())
+}
+
 /// Which backends this build has: (`cuda`, `hip`).
 #[pyfunction]
 fn _features() -> (bool, bool) {
@@ -561,6 +573,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_reference_save_ring_rows, m)?)?;
     m.add_function(wrap_pyfunction!(_reference_fused_compress_insert, m)?)?;
     m.add_function(wrap_pyfunction!(_features, m)?)?;
+    m.add_function(wrap_pyfunction!(_read_tensors, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
