@@ -117,6 +117,10 @@ def main():
         r10 = per_call_us(lambda: _native._read_tensors(*ten))
         extra["read_0_tensors"] = r0
         extra["read_one_tensor"] = (r10 - r0) / 10
+        if getattr(_native, "_reads_by_exchange", lambda: False)():
+            # The same through the attributes (torch without the exchange API).
+            r10a = per_call_us(lambda: _native._read_tensors(*ten, exchange=False))
+            extra["read_one_tensor_by_attributes"] = (r10a - r0) / 10
     extra["empty_native_call"] = per_call_us(_native._features)
     small = torch.zeros(16, device=dev)
     extra["torch_add_out"] = per_call_us(lambda: torch.add(small, small, out=small))

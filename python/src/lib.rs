@@ -4,6 +4,7 @@
 //! current stream) or the HIP backend (ROCm builds of torch).
 
 mod device;
+mod dlpack;
 mod reference;
 mod tensor;
 
@@ -543,14 +544,48 @@ fn _reference_fused_compress_insert(
 
 /// Reads every argument as a tensor argument and launches nothing: the
 /// per-tensor host cost alone, for scripts/python_host_cost.py.
+/// `exchange=False`: through the attributes even where torch has the DLPack
+/// exchange API.
 #[pyfunction]
-#[pyo3(signature = (*tensors))]
-fn _read_tensors(py: Python<'_>, tensors: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+#[pyo3(signature = (*tensors, exchange=true))]
+fn _read_tensors(
+    py: Python<'_>,
+    tensors: &Bound<'_, pyo3::types::PyTuple>,
+    exchange: bool,
+) -> PyResult<()> {
     let t = torch(py)?;
     for o in tensors.iter() {
-        view(py, t, "tensors", &o)?;
+        tensor::read(py, t, "tensors", &o, exchange)?;
     }
     Ok(())
+}
+
+/// What a tensor argument reads as, for the tests: (dtype, device, data
+/// pointer, byte extent, shape, strides); `exchange` as in `_read_tensors`.
+#[pyfunction]
+#[pyo3(signature = (tensor, exchange=true))]
+#[allow(clippy::type_complexity)]
+fn _read_tensor(
+    py: Python<'_>,
+    tensor: &Any<'_>,
+    exchange: bool,
+) -> PyResult<(String, String, u64, usize, Vec<usize>, Vec<usize>)> {
+    let t = torch(py)?;
+    let v = tensor::read(py, t, "tensor", tensor, exchange)?;
+    Ok((
+        v.desc.dtype.name().to_string(),
+        v.dev.to_string(),
+        v.ptr,
+        v.len,
+        v.desc.shape().to_vec(),
+        v.desc.strides().to_vec(),
+    ))
+}
+
+/// Whether this torch's tensors are read through its DLPack exchange API.
+#[pyfunction]
+fn _reads_by_exchange(py: Python<'_>) -> PyResult<bool> {
+    Ok(tensor::has_exchange(torch(py)?))
 }
 
 /// Which backends this build has: (`cuda`, `hip`).
@@ -574,6 +609,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_reference_fused_compress_insert, m)?)?;
     m.add_function(wrap_pyfunction!(_features, m)?)?;
     m.add_function(wrap_pyfunction!(_read_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(_read_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(_reads_by_exchange, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

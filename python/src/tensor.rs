@@ -1,6 +1,13 @@
-//! Reading torch tensors through their Python attributes (no libtorch), and
-//! turning the library's errors into Python exceptions.
+//! Reading torch tensors without libtorch, and turning the library's errors
+//! into Python exceptions.
+//!
+//! Reading the tensor arguments is most of an eager call's host cost, so a
+//! plain tensor is read through torch's DLPack exchange API where torch has
+//! one (one C call, [`crate::dlpack`]); anything else, or anything that
+//! export cannot describe, through its Python attributes (five or six
+//! calls), which also word every error. Both read every call afresh.
 
+use crate::dlpack::{DlTensor, Exchange, DL_CPU, DL_CUDA, DL_ROCM};
 use dsv4_kvcache::{DType, Error, TensorDesc};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -46,6 +53,10 @@ pub struct View {
 /// singletons, so this caches no call state).
 pub struct Torch {
     tensor: Py<PyType>,
+    /// `torch.nn.Parameter`, read like a tensor by the exchange API.
+    parameter: Option<Py<PyType>>,
+    /// torch's DLPack C exchange API, where this torch has it.
+    exchange: Option<Exchange>,
     /// The dtype objects in [`DTYPES`] order (`None` where this torch lacks one).
     dtypes: [Option<Py<PyAny>>; DTYPES.len()],
     /// `torch._C._cuda_getCurrentRawStream`, where torch has CUDA/HIP.
@@ -146,7 +157,15 @@ pub fn torch(py: Python<'_>) -> PyResult<&'static Torch> {
             .unwrap_or(false);
         let tensor = t.getattr("Tensor")?;
         let m = |n: &str| tensor.getattr(n).map(Bound::unbind);
+        let parameter = t
+            .getattr("nn")
+            .and_then(|n| n.getattr("Parameter"))
+            .ok()
+            .and_then(|p| p.cast_into::<PyType>().ok())
+            .map(Bound::unbind);
         Ok(Torch {
+            exchange: Exchange::find(&tensor),
+            parameter,
             dtype: Attr::new(&tensor, "dtype"),
             shape: Attr::new(&tensor, "shape"),
             is_cpu: Attr::new(&tensor, "is_cpu"),
@@ -172,9 +191,9 @@ fn owned<'py>(py: Python<'py>, p: *mut ffi::PyObject) -> PyResult<Bound<'py, PyA
     unsafe { Bound::from_owned_ptr_or_err(py, p) }
 }
 
-/// `f(o)` for an unbound method `f`, without an argument tuple
-/// (`PyObject_CallFunctionObjArgs` passes its arguments on the stack).
-fn call_with<'py>(f: &Py<PyAny>, o: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+/// `f(o)`, without an argument tuple (`PyObject_CallFunctionObjArgs`
+/// passes its arguments on the stack).
+pub fn call_with<'py>(f: &Py<PyAny>, o: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: both are valid objects while the GIL is held; the argument list
     // ends with a null pointer as the function requires.
     owned(o.py(), unsafe {
@@ -227,9 +246,39 @@ fn tuple_i64(x: &Bound<'_, PyAny>, i: usize) -> PyResult<i64> {
 
 /// Reads tensor argument `arg`.
 pub fn view(py: Python<'_>, t: &Torch, arg: &'static str, o: &Bound<'_, PyAny>) -> PyResult<View> {
-    // An exact torch.Tensor needs no subclass walk.
+    read(py, t, arg, o, true)
+}
+
+/// Whether this torch is read through its DLPack exchange API.
+pub fn has_exchange(t: &Torch) -> bool {
+    t.exchange.is_some()
+}
+
+/// Reads tensor argument `arg`, through the DLPack exchange API when
+/// `exchange` and torch has one (and `o` is a plain tensor or parameter),
+/// else (or when the export fails or shows anything the checks below must
+/// word) through its attributes.
+pub fn read(
+    py: Python<'_>,
+    t: &Torch,
+    arg: &'static str,
+    o: &Bound<'_, PyAny>,
+    exchange: bool,
+) -> PyResult<View> {
     let tensor = t.tensor.bind(py);
-    let exact = o.get_type().is(tensor);
+    let ty = o.get_type();
+    let exact = ty.is(tensor);
+    if let Some(x) = t.exchange.as_ref().filter(|_| exchange) {
+        // Subclasses other than Parameter may wrap another tensor (fake,
+        // functional, distributed tensors): their attributes answer for them.
+        let plain = exact || t.parameter.as_ref().is_some_and(|p| ty.is(p.bind(py)));
+        if plain {
+            if let Some(Some(v)) = x.with(o, exported) {
+                return Ok(v);
+            }
+        }
+    }
+    // An exact torch.Tensor needs no subclass walk.
     if !exact && !o.is_instance(tensor)? {
         return Err(PyTypeError::new_err(format!(
             "{arg}: expected a torch.Tensor, got {}",
@@ -292,6 +341,50 @@ pub fn view(py: Python<'_>, t: &Torch, arg: &'static str, o: &Bound<'_, PyAny>) 
     // reading the storage's size costs three calls (and an object) per tensor.
     let len = desc.end_byte().map_or(usize::MAX, |e| e as usize);
     Ok(View {
+        ptr,
+        len,
+        desc,
+        dev,
+    })
+}
+
+/// The view a `DLTensor` describes, or `None` for anything the attribute
+/// path must judge and word the error for (another dtype or device, a rank
+/// above [`MAX_RANK`](dsv4_kvcache::tensor::MAX_RANK), missing strides).
+fn exported(d: &DlTensor) -> Option<View> {
+    let dtype = match (d.dtype.code, d.dtype.bits, d.dtype.lanes) {
+        // kDLBfloat, kDLFloat, kDLInt, kDLUInt, kDLFloat8_e4m3fn.
+        (4, 16, 1) => DType::BF16,
+        (2, 32, 1) => DType::F32,
+        (0, 64, 1) => DType::I64,
+        (1, 8, 1) => DType::U8,
+        (0, 32, 1) => DType::I32,
+        (10, 8, 1) => DType::F8E4M3,
+        _ => return None,
+    };
+    let dev = match d.device.device_type {
+        DL_CPU => Dev::Cpu,
+        DL_CUDA | DL_ROCM => Dev::Cuda(d.device.device_id),
+        _ => return None,
+    };
+    let rank = usize::try_from(d.ndim).ok()?;
+    if rank > dsv4_kvcache::tensor::MAX_RANK
+        || (rank > 0 && (d.shape.is_null() || d.strides.is_null()))
+    {
+        return None;
+    }
+    let mut sh = [0usize; 4];
+    let mut st = [0usize; 4];
+    for i in 0..rank {
+        // SAFETY: `rank` entries each, checked non-null, alive while the
+        // tensor is (`Exchange::with`).
+        let (n, s) = unsafe { (*d.shape.add(i), *d.strides.add(i)) };
+        (sh[i], st[i]) = (usize::try_from(n).ok()?, usize::try_from(s).ok()?);
+    }
+    let desc = TensorDesc::strided(dtype, &sh[..rank], &st[..rank]).ok()?;
+    let ptr = (d.data as u64).checked_add(d.byte_offset)?;
+    let len = desc.end_byte().map_or(usize::MAX, |e| e as usize);
+    Some(View {
         ptr,
         len,
         desc,
