@@ -79,13 +79,13 @@ fn read_compress(
     })
 }
 
-fn compress_list(v: &CompressViews) -> Vec<(&'static str, Option<&tensor::View>)> {
+fn compress_list(v: &CompressViews) -> [(&'static str, Option<&tensor::View>); 10] {
     // CR1 ignores the ring-side arguments (as the seed does), wherever they are.
     let cr2 = v.compress_ratio == 2;
     fn o(x: &Option<tensor::View>, cr2: bool) -> Option<&tensor::View> {
         x.as_ref().filter(|_| cr2)
     }
-    vec![
+    [
         ("kv_score", Some(&v.kv_score)),
         ("positions", Some(&v.positions)),
         ("state_cache", o(&v.state_cache, cr2)),
@@ -322,11 +322,14 @@ fn read_fused<'py>(
         cache_slot_mapping: view(py, t, "cache_slot_mapping", cache_slot_mapping)?,
         fp8_scale: opt_view(py, t, "fp8_scale", fp8_scale)?,
     };
-    let mut list = compress_list(&v.compress);
-    list.push(("cos_sin_cache", Some(&v.cos_sin_cache)));
-    list.push(("kv_cache", Some(&v.kv_cache)));
-    list.push(("cache_slot_mapping", Some(&v.cache_slot_mapping)));
-    list.push(("fp8_scale", v.fp8_scale.as_ref()));
+    let c = compress_list(&v.compress);
+    let rest = [
+        ("cos_sin_cache", Some(&v.cos_sin_cache)),
+        ("kv_cache", Some(&v.kv_cache)),
+        ("cache_slot_mapping", Some(&v.cache_slot_mapping)),
+        ("fp8_scale", v.fp8_scale.as_ref()),
+    ];
+    let list: [_; 14] = std::array::from_fn(|i| if i < 10 { c[i] } else { rest[i - 10] });
     let dev = common_device(&list)?;
     Ok((dev, v))
 }
