@@ -135,13 +135,14 @@ impl Exchange {
         })
     }
 
-    /// Calls `f` with the `DLTensor` of `o` (a tensor of the exact type the
-    /// API came from), or returns `None` when torch cannot export it (the
-    /// Python error it raised is cleared; the caller reads the tensor the
-    /// other way, which reports the problem).
+    /// Calls `f` with the `DLTensor` of `o` (a plain `torch.Tensor`, the type
+    /// the API came from, or an `nn.Parameter`, which torch unpacks alike),
+    /// or returns `None` when torch cannot export it (the Python error it
+    /// raised is cleared; the caller reads the tensor the other way, which
+    /// reports the problem).
     pub fn with<R>(&self, o: &Bound<'_, PyAny>, f: impl FnOnce(&DlTensor) -> R) -> Option<R> {
         let mut t = DlTensor::empty();
-        // SAFETY: `o` is a live tensor of the API's own type (the caller's
+        // SAFETY: `o` is a live tensor of a type torch unpacks (the caller's
         // check); the GIL is held, as the function requires to raise.
         let rc = unsafe { (self.from_py_object)(o.as_ptr().cast(), &mut t) };
         if rc != 0 {
