@@ -400,7 +400,7 @@ fn gpu(py: Python<'_>, t: &Torch, index: i32) -> PyResult<Gpu> {
     let f = t.raw_stream.as_ref().ok_or_else(|| {
         PyRuntimeError::new_err("this torch has no torch._C._cuda_getCurrentRawStream")
     })?;
-    let stream: u64 = f.bind(py).call1((index,))?.extract()?;
+    let stream: u64 = crate::tensor::call_with(f, index.into_pyobject(py)?.as_any())?.extract()?;
     if t.is_hip {
         #[cfg(feature = "hip")]
         return Ok(Gpu::Hip(index, stream));

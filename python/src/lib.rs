@@ -4,6 +4,7 @@
 //! current stream) or the HIP backend (ROCm builds of torch).
 
 mod device;
+mod dlpack;
 mod reference;
 mod tensor;
 
@@ -78,13 +79,13 @@ fn read_compress(
     })
 }
 
-fn compress_list(v: &CompressViews) -> Vec<(&'static str, Option<&tensor::View>)> {
+fn compress_list(v: &CompressViews) -> [(&'static str, Option<&tensor::View>); 10] {
     // CR1 ignores the ring-side arguments (as the seed does), wherever they are.
     let cr2 = v.compress_ratio == 2;
     fn o(x: &Option<tensor::View>, cr2: bool) -> Option<&tensor::View> {
         x.as_ref().filter(|_| cr2)
     }
-    vec![
+    [
         ("kv_score", Some(&v.kv_score)),
         ("positions", Some(&v.positions)),
         ("state_cache", o(&v.state_cache, cr2)),
@@ -321,11 +322,14 @@ fn read_fused<'py>(
         cache_slot_mapping: view(py, t, "cache_slot_mapping", cache_slot_mapping)?,
         fp8_scale: opt_view(py, t, "fp8_scale", fp8_scale)?,
     };
-    let mut list = compress_list(&v.compress);
-    list.push(("cos_sin_cache", Some(&v.cos_sin_cache)));
-    list.push(("kv_cache", Some(&v.kv_cache)));
-    list.push(("cache_slot_mapping", Some(&v.cache_slot_mapping)));
-    list.push(("fp8_scale", v.fp8_scale.as_ref()));
+    let c = compress_list(&v.compress);
+    let rest = [
+        ("cos_sin_cache", Some(&v.cos_sin_cache)),
+        ("kv_cache", Some(&v.kv_cache)),
+        ("cache_slot_mapping", Some(&v.cache_slot_mapping)),
+        ("fp8_scale", v.fp8_scale.as_ref()),
+    ];
+    let list: [_; 14] = std::array::from_fn(|i| if i < 10 { c[i] } else { rest[i - 10] });
     let dev = common_device(&list)?;
     Ok((dev, v))
 }
@@ -541,6 +545,52 @@ fn _reference_fused_compress_insert(
     reference::fused(&v, sanitize)
 }
 
+/// Reads every argument as a tensor argument and launches nothing: the
+/// per-tensor host cost alone, for scripts/python_host_cost.py.
+/// `exchange=False`: through the attributes even where torch has the DLPack
+/// exchange API.
+#[pyfunction]
+#[pyo3(signature = (*tensors, exchange=true))]
+fn _read_tensors(
+    py: Python<'_>,
+    tensors: &Bound<'_, pyo3::types::PyTuple>,
+    exchange: bool,
+) -> PyResult<()> {
+    let t = torch(py)?;
+    for o in tensors.iter() {
+        tensor::read(py, t, "tensors", &o, exchange)?;
+    }
+    Ok(())
+}
+
+/// What a tensor argument reads as, for the tests: (dtype, device, data
+/// pointer, byte extent, shape, strides); `exchange` as in `_read_tensors`.
+#[pyfunction]
+#[pyo3(signature = (tensor, exchange=true))]
+#[allow(clippy::type_complexity)]
+fn _read_tensor(
+    py: Python<'_>,
+    tensor: &Any<'_>,
+    exchange: bool,
+) -> PyResult<(String, String, u64, usize, Vec<usize>, Vec<usize>)> {
+    let t = torch(py)?;
+    let v = tensor::read(py, t, "tensor", tensor, exchange)?;
+    Ok((
+        v.desc.dtype.name().to_string(),
+        v.dev.to_string(),
+        v.ptr,
+        v.len,
+        v.desc.shape().to_vec(),
+        v.desc.strides().to_vec(),
+    ))
+}
+
+/// Whether this torch's tensors are read through its DLPack exchange API.
+#[pyfunction]
+fn _reads_by_exchange(py: Python<'_>) -> PyResult<bool> {
+    Ok(tensor::has_exchange(torch(py)?))
+}
+
 /// Which backends this build has: (`cuda`, `hip`).
 #[pyfunction]
 fn _features() -> (bool, bool) {
@@ -561,6 +611,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_reference_save_ring_rows, m)?)?;
     m.add_function(wrap_pyfunction!(_reference_fused_compress_insert, m)?)?;
     m.add_function(wrap_pyfunction!(_features, m)?)?;
+    m.add_function(wrap_pyfunction!(_read_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(_read_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(_reads_by_exchange, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
