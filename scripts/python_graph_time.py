@@ -9,7 +9,9 @@ requests; gathers in the slot form from random bytes, the bench's
 captures 20 calls of the package's function in a CUDA graph and times
 replays (median of 7, per launch), and runs the bench's row in the same
 process tree right after. Both outputs are checked against the file's CPU
-reference first.
+reference first. With --marginal, both sides are also timed at 40 launches
+per graph, and the marginal launch ((time of 40 - time of 20) / 20) is
+printed beside them: the per-replay cost of each harness drops out.
 
     PYTHONPATH=SITE python3 scripts/python_graph_time.py --bin path/to/dsv4-kvcache [--tokens 1,1024,8192,65536]
 """
@@ -47,7 +49,7 @@ def load(path):
     return meta, out
 
 
-def graph_us(fn):
+def graph_us(fn, launches=LAUNCHES):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -55,7 +57,7 @@ def graph_us(fn):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(LAUNCHES):
+        for _ in range(launches):
             fn()
     g.replay()
     torch.cuda.synchronize()
@@ -66,13 +68,14 @@ def graph_us(fn):
         g.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / LAUNCHES)
+        times.append(a.elapsed_time(b) * 1000 / launches)
     times.sort()
     return times[len(times) // 2]
 
 
-def bench_us(binary, label, t):
-    out = subprocess.run([binary, "bench", "--backend", "cuda", "--only", label, "--tokens", str(t), "--copy-mib", "64"],
+def bench_us(binary, label, t, launches=LAUNCHES):
+    out = subprocess.run([binary, "bench", "--backend", "cuda", "--only", label, "--tokens", str(t), "--copy-mib", "64",
+                          "--launches", str(launches)],
                          check=True, capture_output=True, text=True).stdout
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -89,10 +92,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--tokens", default="1,1024,8192,65536")
+    ap.add_argument("--marginal", action="store_true", help="also the marginal launch of both (20 and 40 per graph)")
     a = ap.parse_args()
     print("backend:", dk.init("cuda"))
-    print("| op | T | package, graph replay µs | Rust bench µs | package / bench |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    extra_head = " package, marginal µs | bench, marginal µs |" if a.marginal else ""
+    print("| op | T | package, graph replay µs | Rust bench µs | package / bench |" + extra_head)
+    print("| --- | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if a.marginal else ""))
     tmp = tempfile.mkdtemp()
     for t in [int(x) for x in a.tokens.split(",")]:
         seed = 0xBE4C + t
@@ -122,7 +127,11 @@ def main():
             ok = same(d[out_name], want)
             us = graph_us(call)
             rust = bench_us(a.bin, label, t)
-            print(f"| {label} | {t} | {us:.2f} | {rust:.2f} | {us / rust:.3f}{'' if ok else ' (OUTPUT DIFFERS)'} |")
+            row = f"| {label} | {t} | {us:.2f} | {rust:.2f} | {us / rust:.3f}{'' if ok else ' (OUTPUT DIFFERS)'} |"
+            if a.marginal:
+                us40, rust40 = graph_us(call, 2 * LAUNCHES), bench_us(a.bin, label, t, 2 * LAUNCHES)
+                row += f" {2 * us40 - us:.2f} | {2 * rust40 - rust:.2f} |"
+            print(row)
 
 
 if __name__ == "__main__":
