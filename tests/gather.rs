@@ -642,3 +642,82 @@ fn validation_errors_name_the_argument() {
         );
     }
 }
+
+/// The bench's "written" caches (`testkit::make_written_gather_case`) hold
+/// what the writer makes of normal latents, so every unit takes its
+/// layout's short path in the kernels (the property the bench's written
+/// rows rely on); everything but the cache is the random-bytes case's.
+#[test]
+fn written_caches_take_the_short_paths() {
+    use dsv4_kvcache::formats::{bf16_nan_in_word, e4m3_nan_in_word};
+    use dsv4_kvcache::testkit::{
+        make_gather_case, make_written_gather_case, CaseSpec, GATHER_BLOCK_SIZE,
+    };
+    use dsv4_kvcache::vectors::Op;
+    for layout in RecordLayout::ALL {
+        let spec = CaseSpec {
+            op: Op::GatherDequant,
+            layout,
+            tokens: 40,
+            requests: 0,
+            seed: 11,
+            ..Default::default()
+        };
+        let written = make_written_gather_case(&spec, false);
+        let random = make_gather_case(&spec, false);
+        let cache = &written.input("kv_cache").expect("a cache").data;
+        // Only the cache differs from the random-bytes case.
+        assert_ne!(cache, &random.input("kv_cache").expect("a cache").data);
+        for name in ["slot_mapping", "out"] {
+            assert_eq!(written.input(name), random.input(name), "{name}");
+        }
+        let (v, s) = (layout.value_bytes(), layout.scale_bytes());
+        let bs = GATHER_BLOCK_SIZE;
+        let words = |b: &[u8]| -> Vec<u32> {
+            b.chunks(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        for (block, page) in cache.chunks(bs * (v + s)).enumerate() {
+            for r in 0..bs {
+                let values = &page[r * v..(r + 1) * v];
+                let scales = &page[bs * v + r * s..bs * v + (r + 1) * s];
+                let at = format!("{} block {block} row {r}", layout.name());
+                match layout {
+                    RecordLayout::V4 | RecordLayout::Mxfp8 => {
+                        let codes = if layout == RecordLayout::V4 {
+                            &values[..448]
+                        } else {
+                            values
+                        };
+                        assert!(!words(codes).into_iter().any(e4m3_nan_in_word), "{at}");
+                        let used = if layout == RecordLayout::V4 {
+                            &scales[..7]
+                        } else {
+                            scales
+                        };
+                        assert!(
+                            used.iter().all(|&b| (3..=134).contains(&b)),
+                            "{at}: {used:?}"
+                        );
+                        if layout == RecordLayout::V4 {
+                            assert!(
+                                !words(&values[448..]).into_iter().any(bf16_nan_in_word),
+                                "{at}"
+                            );
+                        }
+                    }
+                    RecordLayout::Nvfp4 => {
+                        assert!(scales.iter().all(|&b| b & 0x7f != 0x7f), "{at}")
+                    }
+                    RecordLayout::Bf16Rows => {
+                        assert!(!words(values).into_iter().any(bf16_nan_in_word), "{at}")
+                    }
+                    RecordLayout::Fp8Rows => {
+                        assert!(!words(values).into_iter().any(e4m3_nan_in_word), "{at}")
+                    }
+                }
+            }
+        }
+    }
+}
