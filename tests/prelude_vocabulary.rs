@@ -16,6 +16,10 @@ const OPTIONAL: &[&str] = &[
     "kv_hw_e4m3x2",
     "KV_HW_BF16X2",
     "kv_hw_bf16x2",
+    "KV_HW_BF16X2_MUL",
+    "kv_hw_bf16x2_mul",
+    "KV_HW_BYTE_PERM",
+    "kv_hw_byte_perm",
 ];
 
 /// Macros build.rs defines on the compilers' command lines.
