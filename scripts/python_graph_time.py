@@ -17,60 +17,22 @@ printed beside them: the per-replay cost of each harness drops out.
 """
 
 import argparse
-import json
 import os
-import re
-import struct
 import subprocess
+import sys
 import tempfile
 
 import torch
 
 import dsv4_kvcache as dk
 
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "U8": torch.uint8, "I64": torch.int64,
-          "I32": torch.int32, "F8_E4M3": torch.float8_e4m3fn}
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python", "tests"))
+from cases import load_vectors as load  # noqa: E402
+from graph_timing import graph_us  # noqa: E402
+
 LAUNCHES, REPLAYS = 20, 7
-
-
-def load(path):
-    """A safetensors file: 8-byte header length, JSON header, data."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    data = bytearray(raw[8 + n:])
-    out = {}
-    for name, h in header.items():
-        a, b = h["data_offsets"]
-        buf = torch.frombuffer(data[a:b], dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
-        out[name] = buf.view(DTYPES[h["dtype"]]).reshape(h["shape"]).clone()
-    return meta, out
-
-
-def graph_us(fn, launches=LAUNCHES):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(launches):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / launches)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def bench_us(binary, label, t, launches=LAUNCHES):
@@ -125,11 +87,11 @@ def main():
             call()
             torch.cuda.synchronize()
             ok = same(d[out_name], want)
-            us = graph_us(call)
+            us = graph_us(call, LAUNCHES, REPLAYS)
             rust = bench_us(a.bin, label, t)
             row = f"| {label} | {t} | {us:.2f} | {rust:.2f} | {us / rust:.3f}{'' if ok else ' (OUTPUT DIFFERS)'} |"
             if a.marginal:
-                us40, rust40 = graph_us(call, 2 * LAUNCHES), bench_us(a.bin, label, t, 2 * LAUNCHES)
+                us40, rust40 = graph_us(call, 2 * LAUNCHES, REPLAYS), bench_us(a.bin, label, t, 2 * LAUNCHES)
                 row += f" {2 * us40 - us:.2f} | {2 * rust40 - rust:.2f} |"
             print(row)
 

@@ -1,5 +1,8 @@
 """Input builders shared by the tests (random and adversarial)."""
 
+import json
+import struct
+
 import torch
 
 WIDTH = {"v4": (torch.uint8, 584), "mxfp8": (torch.uint8, 528), "nvfp4": (torch.uint8, 288),
@@ -149,3 +152,25 @@ def same_bytes(a, b):
     """Byte equality of two tensors (NaN payloads included)."""
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
         a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+# safetensors dtype names of the vector files.
+VECTOR_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "U8": torch.uint8, "I64": torch.int64,
+          "I32": torch.int32, "F8_E4M3": torch.float8_e4m3fn}
+
+
+def load_vectors(path):
+    """A vector file (safetensors: 8-byte header length, JSON header, data):
+    its metadata and its tensors by name."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    data = bytearray(raw[8 + n:])
+    out = {}
+    for name, h in header.items():
+        a, b = h["data_offsets"]
+        buf = torch.frombuffer(data[a:b], dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
+        out[name] = buf.view(VECTOR_DTYPES[h["dtype"]]).reshape(h["shape"]).clone()
+    return meta, out

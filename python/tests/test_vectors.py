@@ -2,41 +2,19 @@
 H200) replayed through the Python API."""
 
 import glob
-import json
 import os
-import struct
 
 import pytest
 import torch
 
 import dsv4_kvcache as dk
 
-from cases import same_bytes
+from cases import load_vectors as load, same_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FILES = sorted(glob.glob(os.path.join(ROOT, "tests", "vectors", "seed_*.safetensors")))
 # The reader's vectors (dsv4-kvcache capture --op gather_dequant).
 GATHER_FILES = sorted(glob.glob(os.path.join(ROOT, "tests", "vectors", "gather_*.safetensors")))
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "U8": torch.uint8, "I64": torch.int64,
-          "I32": torch.int32, "F8_E4M3": torch.float8_e4m3fn}
-
-
-def load(path):
-    """A safetensors file: 8-byte header length, JSON header, data."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    data = bytearray(raw[8 + n:])
-    out = {}
-    for name, h in header.items():
-        a, b = h["data_offsets"]
-        buf = torch.frombuffer(data[a:b], dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
-        out[name] = buf.view(DTYPES[h["dtype"]]).reshape(h["shape"]).clone()
-    return meta, out
-
-
 def test_vectors_present():
     assert len(FILES) == 8, FILES
     assert len(GATHER_FILES) == 10, GATHER_FILES

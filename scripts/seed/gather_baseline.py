@@ -26,6 +26,9 @@ import triton.language as tl
 
 import dsv4_kvcache as kv
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from graph_timing import graph_us  # noqa: E402
+
 
 @triton.jit
 def _mxfp8_gather(cache, slots, out, bs, page_bytes):
@@ -86,30 +89,6 @@ def make_cache(layout, rows, dev, written):
     return c
 
 
-def graph_us(fn, reps=50):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(10):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / 10)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def main():
     dev = "cuda"
     print("backend:", kv.init(dev))
@@ -129,8 +108,8 @@ def main():
             kv.gather_dequant(cache.cpu(), ref, slots.cpu())
             torch.cuda.synchronize()
             bad = int((ours.cpu().view(torch.int16) != ref.view(torch.int16)).sum())
-            t_ours = graph_us(lambda: kv.gather_dequant(cache, ours, slots))
-            t_base = graph_us(lambda: kern[(n,)](cache, slots, base, BS, BS * w, num_warps=4))
+            t_ours = graph_us(lambda: kv.gather_dequant(cache, ours, slots), 10, 50)
+            t_base = graph_us(lambda: kern[(n,)](cache, slots, base, BS, BS * w, num_warps=4), 10, 50)
             moved = n * (w + 8 + 1024)  # record + slot read, BF16 row written
             print(f"{mode} {layout} N={n:6d}: ours {t_ours:8.2f} us ({moved / t_ours / 1e3:7.1f} GB/s), "
                   f"triton {t_base:8.2f} us ({moved / t_base / 1e3:7.1f} GB/s), "
