@@ -223,7 +223,17 @@ struct KvGatherParams {
     X(kv_gather_bf16_bf16, KvGatherParams)             \
     X(kv_gather_bf16_f32, KvGatherParams)              \
     X(kv_gather_fp8_bf16, KvGatherParams)              \
-    X(kv_gather_fp8_f32, KvGatherParams)
+    X(kv_gather_fp8_f32, KvGatherParams)               \
+    X(kv_gather_v4_bf16_slots, KvGatherParams)         \
+    X(kv_gather_v4_f32_slots, KvGatherParams)          \
+    X(kv_gather_mxfp8_bf16_slots, KvGatherParams)      \
+    X(kv_gather_mxfp8_f32_slots, KvGatherParams)       \
+    X(kv_gather_nvfp4_bf16_slots, KvGatherParams)      \
+    X(kv_gather_nvfp4_f32_slots, KvGatherParams)       \
+    X(kv_gather_bf16_bf16_slots, KvGatherParams)       \
+    X(kv_gather_bf16_f32_slots, KvGatherParams)        \
+    X(kv_gather_fp8_bf16_slots, KvGatherParams)        \
+    X(kv_gather_fp8_f32_slots, KvGatherParams)
 
 // Field offsets computed by build.rs from the structs above, checked against
 // this compiler's layout (the Rust structs are checked against the same

@@ -23,10 +23,12 @@ KV_DEVICE int64_t kv_gather_cu(const KvGatherParams& p, int64_t i) {
 
 // Where output row o's record is (its cache block and row); false, after
 // counting the skip as gather_reference does, when there is none. Every
-// lane of the group computes the same; lane 0 counts.
+// lane of the group computes the same; lane 0 counts. SLOTS: the kernel
+// serves the slot form only (its launches never set KV_GF_BLOCK_TABLE).
+template <bool SLOTS>
 KV_DEVICE bool kv_gather_locate(const KvGatherParams& p, int64_t o, unsigned lane, int64_t* block,
                                 int64_t* row) {
-    if ((p.flags & KV_GF_BLOCK_TABLE) == 0u) {
+    if (SLOTS || (p.flags & KV_GF_BLOCK_TABLE) == 0u) {
         int64_t slot = kv_load_index(p.slots, (p.flags & KV_GF_SLOT_I64) != 0u, o);
         if (slot < 0) return false;
         if (slot >= (int64_t)p.num_blocks * p.block_size) {
@@ -294,7 +296,12 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
     return kv_u32x4_of(o);
 }
 
-template <int LAYOUT, bool F32>
+// SLOT_ROWS: the slot form with a row per group, fixed at compile time
+// (every slot-list launch below GATHER_TWO_ROWS_MIN rows, so every decode
+// step's): without the block-table search and the second row the kernel's
+// path from its start to the row's loads is shorter and jumps less, which
+// is most of a few-row launch (docs/tuning.md, "The reader").
+template <int LAYOUT, bool F32, bool SLOT_ROWS>
 KV_DEVICE void kv_gather(const KvGatherParams& p) {
     constexpr int DIMS = KvGatherShape<F32>::DIMS;
     constexpr int STEPS = KvGatherShape<F32>::STEPS;
@@ -302,7 +309,7 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
     constexpr int S = LAYOUT == KV_LAYOUT_V4 ? 8 : LAYOUT == KV_LAYOUT_MXFP8 ? 16 : 32;
     constexpr bool PAGED = LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8 || LAYOUT == KV_LAYOUT_NVFP4;
     const unsigned lane = kv_lane();
-    const bool two = (p.flags & KV_GF_TWO_ROWS) != 0u;
+    const bool two = !SLOT_ROWS && (p.flags & KV_GF_TWO_ROWS) != 0u;
     const int64_t first = two ? 2 * kv_group(p.flags) : kv_group(p.flags);
     const KvGatherFp8 fp8 = kv_fp8_rows_multiplier(LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f);
 
@@ -313,7 +320,7 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
     for (int r = 0; r < 2; ++r) {
         int64_t o = first + r;
         int64_t block = 0, row = 0;
-        ok[r] = (r == 0 || two) && o < p.n && kv_gather_locate(p, o, lane, &block, &row);
+        ok[r] = (r == 0 || two) && o < p.n && kv_gather_locate<SLOT_ROWS>(p, o, lane, &block, &row);
         const uint8_t* page = p.cache + block * p.block_stride;
         values[r] = PAGED ? page + row * V : page + row * p.row_stride;
         scales[r] = page + (int64_t)p.block_size * V + row * S;
@@ -341,16 +348,30 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
     }
 }
 
-#define KV_GATHER_KERNEL(name, LAYOUT, F32) \
-    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvGatherParams p) { kv_gather<LAYOUT, F32>(p); }
+#define KV_GATHER_KERNEL(name, LAYOUT, F32, SLOT_ROWS)                                \
+    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvGatherParams p) { \
+        kv_gather<LAYOUT, F32, SLOT_ROWS>(p);                                         \
+    }
 
-KV_GATHER_KERNEL(kv_gather_v4_bf16, KV_LAYOUT_V4, false)
-KV_GATHER_KERNEL(kv_gather_v4_f32, KV_LAYOUT_V4, true)
-KV_GATHER_KERNEL(kv_gather_mxfp8_bf16, KV_LAYOUT_MXFP8, false)
-KV_GATHER_KERNEL(kv_gather_mxfp8_f32, KV_LAYOUT_MXFP8, true)
-KV_GATHER_KERNEL(kv_gather_nvfp4_bf16, KV_LAYOUT_NVFP4, false)
-KV_GATHER_KERNEL(kv_gather_nvfp4_f32, KV_LAYOUT_NVFP4, true)
-KV_GATHER_KERNEL(kv_gather_bf16_bf16, KV_LAYOUT_BF16, false)
-KV_GATHER_KERNEL(kv_gather_bf16_f32, KV_LAYOUT_BF16, true)
-KV_GATHER_KERNEL(kv_gather_fp8_bf16, KV_LAYOUT_FP8, false)
-KV_GATHER_KERNEL(kv_gather_fp8_f32, KV_LAYOUT_FP8, true)
+// Every form and rows per group (flags), then the slot form with a row per
+// group.
+KV_GATHER_KERNEL(kv_gather_v4_bf16, KV_LAYOUT_V4, false, false)
+KV_GATHER_KERNEL(kv_gather_v4_f32, KV_LAYOUT_V4, true, false)
+KV_GATHER_KERNEL(kv_gather_mxfp8_bf16, KV_LAYOUT_MXFP8, false, false)
+KV_GATHER_KERNEL(kv_gather_mxfp8_f32, KV_LAYOUT_MXFP8, true, false)
+KV_GATHER_KERNEL(kv_gather_nvfp4_bf16, KV_LAYOUT_NVFP4, false, false)
+KV_GATHER_KERNEL(kv_gather_nvfp4_f32, KV_LAYOUT_NVFP4, true, false)
+KV_GATHER_KERNEL(kv_gather_bf16_bf16, KV_LAYOUT_BF16, false, false)
+KV_GATHER_KERNEL(kv_gather_bf16_f32, KV_LAYOUT_BF16, true, false)
+KV_GATHER_KERNEL(kv_gather_fp8_bf16, KV_LAYOUT_FP8, false, false)
+KV_GATHER_KERNEL(kv_gather_fp8_f32, KV_LAYOUT_FP8, true, false)
+KV_GATHER_KERNEL(kv_gather_v4_bf16_slots, KV_LAYOUT_V4, false, true)
+KV_GATHER_KERNEL(kv_gather_v4_f32_slots, KV_LAYOUT_V4, true, true)
+KV_GATHER_KERNEL(kv_gather_mxfp8_bf16_slots, KV_LAYOUT_MXFP8, false, true)
+KV_GATHER_KERNEL(kv_gather_mxfp8_f32_slots, KV_LAYOUT_MXFP8, true, true)
+KV_GATHER_KERNEL(kv_gather_nvfp4_bf16_slots, KV_LAYOUT_NVFP4, false, true)
+KV_GATHER_KERNEL(kv_gather_nvfp4_f32_slots, KV_LAYOUT_NVFP4, true, true)
+KV_GATHER_KERNEL(kv_gather_bf16_bf16_slots, KV_LAYOUT_BF16, false, true)
+KV_GATHER_KERNEL(kv_gather_bf16_f32_slots, KV_LAYOUT_BF16, true, true)
+KV_GATHER_KERNEL(kv_gather_fp8_bf16_slots, KV_LAYOUT_FP8, false, true)
+KV_GATHER_KERNEL(kv_gather_fp8_f32_slots, KV_LAYOUT_FP8, true, true)

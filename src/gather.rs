@@ -482,22 +482,41 @@ where
 
 // ---- the device launch interface ------------------------------------------
 
-/// The gather kernel for a layout and output type (both addressing forms
-/// in each, `KV_GF_BLOCK_TABLE`).
-pub fn gather_kernel(layout: RecordLayout, out_f32: bool) -> Kernel {
+/// The gather kernel for a layout and output type. `slot_rows`: the slot
+/// form with a row per group, which has kernels of its own (`_slots`:
+/// neither the block-table search nor the second row, so a few-row launch
+/// reaches its loads sooner); the others serve both forms and either rows
+/// per group (`KV_GF_BLOCK_TABLE`, `KV_GF_TWO_ROWS`).
+pub fn gather_kernel(layout: RecordLayout, out_f32: bool, slot_rows: bool) -> Kernel {
     use Kernel::*;
-    match (layout, out_f32) {
-        (RecordLayout::V4, false) => GatherV4Bf16,
-        (RecordLayout::V4, true) => GatherV4F32,
-        (RecordLayout::Mxfp8, false) => GatherMxfp8Bf16,
-        (RecordLayout::Mxfp8, true) => GatherMxfp8F32,
-        (RecordLayout::Nvfp4, false) => GatherNvfp4Bf16,
-        (RecordLayout::Nvfp4, true) => GatherNvfp4F32,
-        (RecordLayout::Bf16Rows, false) => GatherBf16Bf16,
-        (RecordLayout::Bf16Rows, true) => GatherBf16F32,
-        (RecordLayout::Fp8Rows, false) => GatherFp8Bf16,
-        (RecordLayout::Fp8Rows, true) => GatherFp8F32,
+    match (layout, out_f32, slot_rows) {
+        (RecordLayout::V4, false, false) => GatherV4Bf16,
+        (RecordLayout::V4, true, false) => GatherV4F32,
+        (RecordLayout::Mxfp8, false, false) => GatherMxfp8Bf16,
+        (RecordLayout::Mxfp8, true, false) => GatherMxfp8F32,
+        (RecordLayout::Nvfp4, false, false) => GatherNvfp4Bf16,
+        (RecordLayout::Nvfp4, true, false) => GatherNvfp4F32,
+        (RecordLayout::Bf16Rows, false, false) => GatherBf16Bf16,
+        (RecordLayout::Bf16Rows, true, false) => GatherBf16F32,
+        (RecordLayout::Fp8Rows, false, false) => GatherFp8Bf16,
+        (RecordLayout::Fp8Rows, true, false) => GatherFp8F32,
+        (RecordLayout::V4, false, true) => GatherV4Bf16Slots,
+        (RecordLayout::V4, true, true) => GatherV4F32Slots,
+        (RecordLayout::Mxfp8, false, true) => GatherMxfp8Bf16Slots,
+        (RecordLayout::Mxfp8, true, true) => GatherMxfp8F32Slots,
+        (RecordLayout::Nvfp4, false, true) => GatherNvfp4Bf16Slots,
+        (RecordLayout::Nvfp4, true, true) => GatherNvfp4F32Slots,
+        (RecordLayout::Bf16Rows, false, true) => GatherBf16Bf16Slots,
+        (RecordLayout::Bf16Rows, true, true) => GatherBf16F32Slots,
+        (RecordLayout::Fp8Rows, false, true) => GatherFp8Bf16Slots,
+        (RecordLayout::Fp8Rows, true, true) => GatherFp8F32Slots,
     }
+}
+
+/// The kernel that runs `launch` of plan `p` ([`gather_kernel`]).
+pub fn gather_launch_kernel(p: &GatherPlan, launch: &GatherLaunch) -> Kernel {
+    let slot_rows = matches!(p.addressing, GatherAddressing::Slots(_)) && !launch.two_rows;
+    gather_kernel(p.cache.layout, p.out_f32, slot_rows)
 }
 
 /// Flag bits of [`GatherParams::flags`] (`KV_GF_*` in kv_abi.h); bits
@@ -646,10 +665,13 @@ mod tests {
     fn kernels_take_the_gather_block_and_are_named_by_layout() {
         for l in RecordLayout::ALL {
             for f32 in [false, true] {
-                let k = gather_kernel(l, f32);
-                assert_eq!(k.param_block(), GatherParams::C_NAME);
-                let out = if f32 { "f32" } else { "bf16" };
-                assert_eq!(k.name(), format!("kv_gather_{}_{out}", l.name()));
+                for slot_rows in [false, true] {
+                    let k = gather_kernel(l, f32, slot_rows);
+                    assert_eq!(k.param_block(), GatherParams::C_NAME);
+                    let out = if f32 { "f32" } else { "bf16" };
+                    let form = if slot_rows { "_slots" } else { "" };
+                    assert_eq!(k.name(), format!("kv_gather_{}_{out}{form}", l.name()));
+                }
             }
         }
     }

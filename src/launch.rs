@@ -548,10 +548,19 @@ mod tests {
         }
         // The copy kernel is the bench's roofline, not an operation's.
         seen.insert(Kernel::Copy);
-        // The reader's kernels (one per layout and output type).
-        for l in RecordLayout::ALL {
-            for f32 in [false, true] {
-                seen.insert(crate::gather::gather_kernel(l, f32));
+        // The reader's kernels: the slot form with a row per group runs its
+        // own where the mapping gives a row per group.
+        for (_, pol) in LaunchPolicy::MAPPINGS {
+            for l in RecordLayout::ALL {
+                for f32 in [false, true] {
+                    for n in [1usize, 1 << 20] {
+                        let launch = crate::gather::gather_launch(&pol, n).expect("rows");
+                        for slots in [false, true] {
+                            let slot_rows = slots && !launch.two_rows;
+                            seen.insert(crate::gather::gather_kernel(l, f32, slot_rows));
+                        }
+                    }
+                }
             }
         }
         let missing: Vec<_> = Kernel::ALL.iter().filter(|k| !seen.contains(*k)).collect();

@@ -13,7 +13,8 @@
 mod gather_cases;
 
 use dsv4_kvcache::gather::{
-    gather_kernel, gather_launch, gather_params, plan_gather, GatherPtrs, GATHER_TWO_ROWS_MIN,
+    gather_kernel, gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherPtrs,
+    GATHER_TWO_ROWS_MIN,
 };
 use dsv4_kvcache::kernel_abi::{GatherParams, Kernel};
 use dsv4_kvcache::ops::SkipCounts;
@@ -152,8 +153,9 @@ fn run_host(exe: &PathBuf, case: &Case, two_rows: Option<bool>) -> (Vec<u8>, Ski
         counters: 0,
     };
     let params = gather_params(&plan, &ptrs, &launch);
-    let kernel: Kernel = gather_kernel(case.layout, case.out_f32);
-    let kernel_index = (kernel.index() - gather_kernel(RecordLayout::V4, false).index()) as u32;
+    let kernel: Kernel = gather_launch_kernel(&plan, &launch);
+    let kernel_index =
+        (kernel.index() - gather_kernel(RecordLayout::V4, false, false).index()) as u32;
     let mut input = Vec::new();
     input.extend_from_slice(&(bufs.len() as u32).to_le_bytes());
     for b in bufs {

@@ -56,9 +56,18 @@ int main() {
     relocate(p.out, bufs);
     p.counters = counters;
     typedef void (*K)(const KvGatherParams);
-    const K kernels[10] = {kv_gather_v4_bf16,    kv_gather_v4_f32,    kv_gather_mxfp8_bf16, kv_gather_mxfp8_f32,
-                           kv_gather_nvfp4_bf16, kv_gather_nvfp4_f32, kv_gather_bf16_bf16,  kv_gather_bf16_f32,
-                           kv_gather_fp8_bf16,   kv_gather_fp8_f32};
+    // In the order of kv_abi.h's list.
+    const K kernels[20] = {kv_gather_v4_bf16,          kv_gather_v4_f32,          kv_gather_mxfp8_bf16,
+                           kv_gather_mxfp8_f32,        kv_gather_nvfp4_bf16,      kv_gather_nvfp4_f32,
+                           kv_gather_bf16_bf16,        kv_gather_bf16_f32,        kv_gather_fp8_bf16,
+                           kv_gather_fp8_f32,          kv_gather_v4_bf16_slots,   kv_gather_v4_f32_slots,
+                           kv_gather_mxfp8_bf16_slots, kv_gather_mxfp8_f32_slots, kv_gather_nvfp4_bf16_slots,
+                           kv_gather_nvfp4_f32_slots,  kv_gather_bf16_bf16_slots, kv_gather_bf16_f32_slots,
+                           kv_gather_fp8_bf16_slots,   kv_gather_fp8_f32_slots};
+    if (kernel >= 20) {
+        fprintf(stderr, "no gather kernel %u\n", kernel);
+        exit(2);
+    }
     kv_host_bdim = block;
     kv_host_gdim = grid;
     for (kv_host_bid = 0; kv_host_bid < grid; ++kv_host_bid)

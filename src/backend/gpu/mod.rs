@@ -37,7 +37,7 @@ use super::Backend;
 use crate::detect::SanitizePolicy;
 use crate::error::{Error, Result};
 use crate::gather::{
-    gather_kernel, gather_launch, gather_params, plan_gather, GatherArgs, GatherPlan,
+    gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherArgs, GatherPlan,
 };
 use crate::kernel_abi::{self, Kernel, KernelParams, NUM_COUNTERS};
 use crate::launch::{Launch, LaunchPolicy};
@@ -411,7 +411,7 @@ impl<D: Driver> GpuBackend<D> {
         };
         let params = gather_params(p, &bind::gather_ptrs(t, counters), &l);
         let launch = Launch {
-            kernel: gather_kernel(p.cache.layout, p.out_f32),
+            kernel: gather_launch_kernel(p, &l),
             geometry: l.geometry,
         };
         self.launch(launch, &params, stream)
