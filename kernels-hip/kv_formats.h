@@ -64,21 +64,22 @@ KV_DEVICE uint8_t kv_e4m3_from_f32(float x) {
     return (uint8_t)(sign | (uint8_t)((((uint32_t)exp) << 3) + keep + up));
 }
 
-// e4m3 codes of 16 non-NaN values. A prelude may supply a hardware pair
-// conversion (KV_HW_E4M3X2) that rounds and saturates exactly like
-// kv_e4m3_from_f32 on non-NaN inputs; the parity tests hold it to that.
-KV_DEVICE void kv_e4m3_from_f32_x16(const float v[16], uint8_t out[16]) {
+// e4m3 codes of 16 non-NaN values, as four little-endian words (code j in
+// byte j % 4 of word j / 4, the order they are stored in). A prelude may
+// supply a hardware pair conversion (KV_HW_E4M3X2) that rounds and
+// saturates exactly like kv_e4m3_from_f32 on non-NaN inputs (the parity
+// tests hold it to that); two of its results make a word, with no byte
+// left to unpack and pack again.
+KV_DEVICE void kv_e4m3_words_from_f32_x16(const float v[16], uint32_t w[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
 #if defined(KV_HW_E4M3X2)
-#pragma unroll
-    for (int j = 0; j < 16; j += 2) {
-        uint16_t two = kv_hw_e4m3x2(v[j], v[j + 1]);
-        out[j] = (uint8_t)(two & 0xffu);
-        out[j + 1] = (uint8_t)(two >> 8);
-    }
+        w[j] = (uint32_t)kv_hw_e4m3x2(v[4 * j], v[4 * j + 1]) | ((uint32_t)kv_hw_e4m3x2(v[4 * j + 2], v[4 * j + 3]) << 16);
 #else
-#pragma unroll
-    for (int j = 0; j < 16; ++j) out[j] = kv_e4m3_from_f32(v[j]);
+        w[j] = (uint32_t)kv_e4m3_from_f32(v[4 * j]) | ((uint32_t)kv_e4m3_from_f32(v[4 * j + 1]) << 8) |
+               ((uint32_t)kv_e4m3_from_f32(v[4 * j + 2]) << 16) | ((uint32_t)kv_e4m3_from_f32(v[4 * j + 3]) << 24);
 #endif
+    }
 }
 
 // Value s of an NVFP4 tile scale code (1..0x7E) and f32(1 / s), without a
@@ -93,7 +94,7 @@ KV_DEVICE void kv_nvfp4_scale(uint8_t code, float* s_out, float* y_out) {
 }
 
 // e4m3 code of one non-NaN value; a prelude's hardware pair conversion is
-// used when it exists (same bits, see kv_e4m3_from_f32_x16).
+// used when it exists (same bits, see kv_e4m3_words_from_f32_x16).
 KV_DEVICE uint8_t kv_e4m3_from_f32_nonnan(float x) {
 #if defined(KV_HW_E4M3X2)
     return (uint8_t)(kv_hw_e4m3x2(x, 0.0f) & 0xffu);

@@ -156,12 +156,8 @@ KV_DEVICE void kv_store16h(uint16_t* p, const uint16_t h[16]) {
     }
 }
 
-KV_DEVICE void kv_store16b(uint8_t* p, const uint8_t b[16]) {
-    uint32_t u[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        u[j] = (uint32_t)b[4 * j] | ((uint32_t)b[4 * j + 1] << 8) | ((uint32_t)b[4 * j + 2] << 16) |
-               ((uint32_t)b[4 * j + 3] << 24);
+// 16 bytes given as four little-endian words.
+KV_DEVICE void kv_store16w(uint8_t* p, const uint32_t u[4]) {
     kv_u32x4 w;
     w.x = u[0];
     w.y = u[1];
@@ -330,8 +326,9 @@ KV_DEVICE float kv_amax16(const float v[16]) {
 }
 
 // Quantizes 16 values of an FP8 block spread over `lanes_per_block` lanes
-// (V4: 4, MXFP8: 2); returns the block's UE8M0 byte (same on its lanes).
-KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, bool sanitize, uint8_t out[16]) {
+// (V4: 4, MXFP8: 2) into their codes as words (kv_e4m3_words_from_f32_x16);
+// returns the block's UE8M0 byte (same on its lanes).
+KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, bool sanitize, uint32_t out[4]) {
     float amax = kv_fmax_nonneg(KV_AMAX_FLOOR, kv_amax16(q));
     for (int h = 1; h < lanes_per_block; h *= 2) amax = kv_fmax_nonneg(amax, kv_shfl_xor(amax, h));
     int e = 0;
@@ -340,7 +337,7 @@ KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, b
     float c[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) c[j] = kv_e4m3_nan_to_max(q[j] * mult);
-    kv_e4m3_from_f32_x16(c, out);
+    kv_e4m3_words_from_f32_x16(c, out);
     return kv_ue8m0_scale_byte(finite, e, sanitize);
 }
 
@@ -421,10 +418,10 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         uint8_t* scales = page + p.block_size * 576 + row * 8;
         // NoPE: the unrotated latent, blocks of 64 dims = 4 lanes. Every lane
         // joins the shuffles; lanes 0..27 write the FP8 part.
-        uint8_t q[16];
+        uint32_t q[4];
         uint8_t sb = kv_quantize_fp8_part(x, 4, sanitize, q);
         if (tile < 28u) {
-            kv_store16b(values + 16 * tile, q);
+            kv_store16w(values + 16 * tile, q);
             if ((tile & 3u) == 0u) scales[tile / 4u] = sb;
         } else if (tile == 28u) {
             scales[7] = 0;
@@ -451,9 +448,9 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
 #pragma unroll
             for (int j = 0; j < 16; ++j) r[j] = kv_sanitized(r[j], sanitize);
         }
-        uint8_t q[16];
+        uint32_t q[4];
         uint8_t sb = kv_quantize_fp8_part(r, 2, sanitize, q);
-        kv_store16b(values + 16 * tile, q);
+        kv_store16w(values + 16 * tile, q);
         if ((tile & 1u) == 0u) scales[tile / 2u] = sb;
     } else if (LAYOUT == KV_LAYOUT_NVFP4) {
         uint8_t* values = page + row * 256;
@@ -476,7 +473,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         kv_store16h((uint16_t*)(page + row * p.row_stride) + 16 * tile, o);
     } else {
         float inv = kv_divf(1.0f, fp8_scale);
-        uint8_t q[16];
+        uint32_t q[4];
         float c[16];
 #pragma unroll
         for (int j = 0; j < 16; j += 2) {
@@ -487,8 +484,8 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
             c[j] = kv_e4m3_nan_to_max(b0 * inv);
             c[j + 1] = kv_e4m3_nan_to_max(b1 * inv);
         }
-        kv_e4m3_from_f32_x16(c, q);
-        kv_store16b(page + row * p.row_stride + 16 * tile, q);
+        kv_e4m3_words_from_f32_x16(c, q);
+        kv_store16w(page + row * p.row_stride + 16 * tile, q);
     }
 }
 
