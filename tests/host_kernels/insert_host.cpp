@@ -1,20 +1,62 @@
-// Runs the insert kernels whose lanes never talk to each other (NVFP4, BF16
-// and FP8 rows, by token and tile-major) on the host for
-// tests/insert_host_kernels.rs. Input (stdin): the buffers, the parameter
-// block with every pointer as (buffer index + 1) << 48 | byte offset, the
-// kernel's name, the grid and the block size. Output (stdout): every buffer
-// after the launch, then the three counters.
+// Runs the insert kernels on the host for tests/insert_host_kernels.rs: one
+// work-item after the other, except for V4 and MXFP8, whose scale blocks
+// span lanes: there a group's 32 lanes run on threads of their own
+// (KV_HOST_LANES), group after group, and exchange values as on a device. Input (stdin): the buffers, the
+// parameter block with every pointer as (buffer index + 1) << 48 | byte
+// offset, the kernel's name, the grid and the block size. Output (stdout):
+// every buffer after the launch, then the three counters.
+#define KV_HOST_LANES 1
 #include "prelude_host.h"
 #define KV_PRELUDE_INCLUDED 1
 #include "kvcache.hip"
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <stdio.h>
 #include <string>
+#include <thread>
 #include <vector>
 
-unsigned kv_host_tid, kv_host_bid, kv_host_bdim, kv_host_gdim;
+thread_local unsigned kv_host_tid;
+unsigned kv_host_bid, kv_host_bdim, kv_host_gdim;
 // The CR2 team kernels' dynamic shared memory (never run here).
 float kv_team_shared[1];
+
+// A reusable barrier of n threads. A wait that outlasts a minute means the
+// lanes of a group took different paths to an exchange: that is a failure
+// of the kernel's contract, reported rather than hung on.
+struct Barrier {
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned n = 0, count = 0, generation = 0;
+    void wait() {
+        std::unique_lock<std::mutex> l(m);
+        unsigned g = generation;
+        if (++count == n) {
+            count = 0;
+            ++generation;
+            cv.notify_all();
+            return;
+        }
+        if (!cv.wait_for(l, std::chrono::seconds(60), [&] { return generation != g; })) {
+            fprintf(stderr, "lane exchange timed out: the lanes of a group diverged\n");
+            exit(3);
+        }
+    }
+};
+
+// The running group's barrier and one value slot per lane.
+static Barrier group_barrier;
+static std::vector<uint32_t> lane_values;
+
+uint32_t kv_host_exchange(uint32_t v, unsigned from) {
+    lane_values[kv_host_tid % 32u] = v;
+    group_barrier.wait();
+    uint32_t r = lane_values[from % 32u];
+    group_barrier.wait();
+    return r;
+}
 
 static void read_all(void* p, size_t n) {
     if (fread(p, 1, n, stdin) != n) {
@@ -63,6 +105,8 @@ int main() {
         const char* name;
         K k;
     } const kernels[] = {
+        {"kv_insert_v4", kv_insert_v4},
+        {"kv_insert_mxfp8", kv_insert_mxfp8},
         {"kv_insert_nvfp4", kv_insert_nvfp4},
         {"kv_insert_bf16", kv_insert_bf16},
         {"kv_insert_fp8", kv_insert_fp8},
@@ -79,8 +123,42 @@ int main() {
     }
     kv_host_bdim = block;
     kv_host_gdim = grid;
-    for (kv_host_bid = 0; kv_host_bid < grid; ++kv_host_bid)
-        for (kv_host_tid = 0; kv_host_tid < block; ++kv_host_tid) k(p);
+    bool exchanges = name == "kv_insert_v4" || name == "kv_insert_mxfp8";
+    if (!exchanges) {
+        // No lane talks to another: one work-item after the other.
+        for (kv_host_bid = 0; kv_host_bid < grid; ++kv_host_bid)
+            for (kv_host_tid = 0; kv_host_tid < block; ++kv_host_tid) k(p);
+    } else {
+        // A group's 32 lanes on threads of their own, which live for the
+        // whole grid and run it group by group (these kernels' groups never
+        // wait for each other): each starts a group together and reports
+        // back when it is done.
+        group_barrier.n = 32;
+        lane_values.assign(32, 0);
+        Barrier start, done;
+        start.n = done.n = 33;
+        bool quit = false;
+        unsigned base = 0;
+        std::vector<std::thread> lanes;
+        for (unsigned l = 0; l < 32; ++l)
+            lanes.emplace_back([&, l] {
+                for (;;) {
+                    start.wait();
+                    if (quit) return;
+                    kv_host_tid = base + l;
+                    k(p);
+                    done.wait();
+                }
+            });
+        for (kv_host_bid = 0; kv_host_bid < grid; ++kv_host_bid)
+            for (base = 0; base < block; base += 32) {
+                start.wait();
+                done.wait();
+            }
+        quit = true;
+        start.wait();
+        for (auto& l : lanes) l.join();
+    }
     for (auto& b : bufs) fwrite(b.data(), 1, b.size(), stdout);
     fwrite(counters, 4, 3, stdout);
     return 0;
