@@ -11,54 +11,18 @@
 //! SKIPPED.
 
 mod gather_cases;
+#[path = "host_kernels/mod.rs"]
+mod host_kernels;
 
 use dsv4_kvcache::gather::{
-    gather_kernel, gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherPtrs,
+    gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherPtrs,
     GATHER_TWO_ROWS_MIN,
 };
-use dsv4_kvcache::kernel_abi::{GatherParams, Kernel};
 use dsv4_kvcache::ops::SkipCounts;
 use dsv4_kvcache::{CpuBackend, DType, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc};
 use dsv4_kvcache::{LaunchPolicy, TensorMut};
 use gather_cases::{every_code_case, every_code_scales, random_case, Case, Form};
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-
-fn skipped(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED {msg} ***\n");
-}
-
-/// Builds the harness; `Err` says why it could not.
-fn harness() -> Result<PathBuf, String> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let exe = std::env::temp_dir().join(format!("dsv4_gather_host_{}", std::process::id()));
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-ffp-contract=off",
-            "-Wno-unknown-pragmas",
-        ])
-        .arg("-iquote")
-        .arg(root.join("kernels-hip"))
-        .arg("-iquote")
-        .arg(root.join("tests/host_kernels"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(root.join("tests/host_kernels/gather_host.cpp"))
-        .output()
-        .map_err(|e| format!("no host C++ compiler `{cxx}`: {e}"))?;
-    if !out.status.success() {
-        // A compiler that exists but fails on the kernel source is a test failure.
-        panic!(
-            "{cxx} failed on the kernel source:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(exe)
-}
 
 fn index_bytes(v: &[i64], i64: bool) -> Vec<u8> {
     v.iter()
@@ -141,7 +105,7 @@ fn run_host(exe: &PathBuf, case: &Case, two_rows: Option<bool>) -> (Vec<u8>, Ski
         return (out, SkipCounts::default());
     };
     let bufs: [&[u8]; 7] = [&case.cache, &slots, &table, &cu, &starts, &fp8, &out];
-    let id = |i: u64| (i + 1) << 48;
+    let id = host_kernels::buffer_ptr;
     let ptrs = GatherPtrs {
         cache: id(0),
         slots: id(1),
@@ -153,60 +117,23 @@ fn run_host(exe: &PathBuf, case: &Case, two_rows: Option<bool>) -> (Vec<u8>, Ski
         counters: 0,
     };
     let params = gather_params(&plan, &ptrs, &launch);
-    let kernel: Kernel = gather_launch_kernel(&plan, &launch);
-    let kernel_index =
-        (kernel.index() - gather_kernel(RecordLayout::V4, false, false).index()) as u32;
-    let mut input = Vec::new();
-    input.extend_from_slice(&(bufs.len() as u32).to_le_bytes());
-    for b in bufs {
-        input.extend_from_slice(&(b.len() as u64).to_le_bytes());
-        input.extend_from_slice(b);
-    }
-    // SAFETY: GatherParams is #[repr(C)] plain data (integers only).
-    let raw = unsafe {
-        std::slice::from_raw_parts(
-            (&params as *const GatherParams).cast::<u8>(),
-            std::mem::size_of::<GatherParams>(),
-        )
-    };
-    input.extend_from_slice(raw);
-    for v in [
-        kernel_index,
-        launch.geometry.grid,
-        launch.geometry.block_threads,
-    ] {
-        input.extend_from_slice(&v.to_le_bytes());
-    }
-    let mut child = Command::new(exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the harness runs");
-    child.stdin.take().unwrap().write_all(&input).unwrap();
-    let res = child.wait_with_output().unwrap();
-    assert!(res.status.success(), "{}: harness failed", case.label);
-    let o = &res.stdout;
-    let before: usize = bufs[..6].iter().map(|b| b.len()).sum();
-    let got = o[before..before + out.len()].to_vec();
-    let c = |i: usize| {
-        let at = before + out.len() + 4 * i;
-        u64::from(u32::from_le_bytes(o[at..at + 4].try_into().unwrap()))
-    };
-    (
-        got,
-        SkipCounts {
-            slot_out_of_range: c(0),
-            position_out_of_range: c(1),
-            index_out_of_range: c(2),
-        },
-    )
+    let kernel = gather_launch_kernel(&plan, &launch);
+    let mut run = host_kernels::run(
+        exe,
+        &bufs,
+        &params,
+        kernel.name(),
+        &launch.geometry,
+        &case.label,
+    );
+    (run.bufs.swap_remove(6), run.counts)
 }
 
 #[test]
 fn host_built_kernels_match_the_reference() {
-    let exe = match harness() {
+    let exe = match host_kernels::build("gather_host.cpp") {
         Ok(e) => e,
-        Err(why) => return skipped(&format!("gather host kernels: {why}")),
+        Err(why) => return host_kernels::skipped(&format!("gather host kernels: {why}")),
     };
     let cpu = CpuBackend::new();
     let mut cases = Vec::new();

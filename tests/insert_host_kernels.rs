@@ -14,56 +14,20 @@
 //! SKIPPED.
 
 mod common;
+#[path = "host_kernels/mod.rs"]
+mod host_kernels;
 
 use common::{
-    adversarial_cases, all_kinds, insert_case, latent_row, random_case, run_case_mut, Buf,
-    CacheSpec, Case, CosSinSpec, Geo, InsertSpec, Kind, Prng,
+    adversarial_cases, all_kinds, insert_case, random_case, random_insert_spec, run_case_mut, Buf,
+    Case, Geo, Kind, Prng,
 };
-use dsv4_kvcache::kernel_abi::{insert_params, InsertParams, InsertPtrs, KernelParams};
+use dsv4_kvcache::kernel_abi::{insert_params, InsertPtrs, KernelParams};
 use dsv4_kvcache::launch::Launch;
 use dsv4_kvcache::ops::{plan_insert, InsertPlan};
 use dsv4_kvcache::vectors::Op;
 use dsv4_kvcache::TensorMut;
 use dsv4_kvcache::{CpuBackend, InsertArgs, LaunchPolicy, SkipCounts, Tensor};
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-
-fn skipped(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED {msg} ***\n");
-}
-
-/// Builds the harness; `Err` says why it could not.
-fn harness() -> Result<PathBuf, String> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let exe = std::env::temp_dir().join(format!("dsv4_insert_host_{}", std::process::id()));
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-ffp-contract=off",
-            "-Wno-unknown-pragmas",
-        ])
-        .arg("-iquote")
-        .arg(root.join("kernels-hip"))
-        .arg("-iquote")
-        .arg(root.join("tests/host_kernels"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(root.join("tests/host_kernels/insert_host.cpp"))
-        .arg("-pthread")
-        .output()
-        .map_err(|e| format!("no host C++ compiler `{cxx}`: {e}"))?;
-    if !out.status.success() {
-        // A compiler that exists but fails on the kernel source is a test failure.
-        panic!(
-            "{cxx} failed on the kernel source:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(exe)
-}
 
 fn need<'a>(b: &'a Option<Buf>, what: &str, case: &Case) -> &'a Buf {
     b.as_ref()
@@ -120,7 +84,7 @@ fn run_host(exe: &PathBuf, case: &Case, plan: &InsertPlan, launch: &Launch) -> H
             kernel: None,
         };
     }
-    let id = |i: u64| (i + 1) << 48;
+    let id = host_kernels::buffer_ptr;
     let ptrs = InsertPtrs {
         latent: id(0),
         positions: id(1),
@@ -131,53 +95,12 @@ fn run_host(exe: &PathBuf, case: &Case, plan: &InsertPlan, launch: &Launch) -> H
         counters: 0,
     };
     let params = insert_params(plan, &ptrs, case.kind.sanitize).with_geometry(&launch.geometry);
-    let mut input = Vec::new();
-    input.extend_from_slice(&(bufs.len() as u32).to_le_bytes());
-    for b in bufs {
-        input.extend_from_slice(&(b.len() as u64).to_le_bytes());
-        input.extend_from_slice(b);
-    }
-    // SAFETY: InsertParams is #[repr(C)] plain data (integers only).
-    let raw = unsafe {
-        std::slice::from_raw_parts(
-            (&params as *const InsertParams).cast::<u8>(),
-            std::mem::size_of::<InsertParams>(),
-        )
-    };
-    input.extend_from_slice(raw);
     let name = launch.kernel.name();
-    input.extend_from_slice(&(name.len() as u32).to_le_bytes());
-    input.extend_from_slice(name.as_bytes());
-    for v in [launch.geometry.grid, launch.geometry.block_threads] {
-        input.extend_from_slice(&v.to_le_bytes());
-    }
-    let mut child = Command::new(exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the harness runs");
-    child.stdin.take().unwrap().write_all(&input).unwrap();
-    let res = child.wait_with_output().unwrap();
-    assert!(
-        res.status.success(),
-        "{}: harness failed on {name}",
-        case.name
-    );
-    let o = &res.stdout;
-    let before: usize = bufs[..4].iter().map(|b| b.len()).sum();
-    let got = o[before..before + cache.bytes.len()].to_vec();
-    let after: usize = bufs.iter().map(|b| b.len()).sum();
-    let c = |i: usize| {
-        let at = after + 4 * i;
-        u64::from(u32::from_le_bytes(o[at..at + 4].try_into().unwrap()))
-    };
+    let bufs: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+    let mut run = host_kernels::run(exe, &bufs, &params, name, &launch.geometry, &case.name);
     HostRun {
-        cache: got,
-        counts: SkipCounts {
-            slot_out_of_range: c(0),
-            position_out_of_range: c(1),
-            index_out_of_range: c(2),
-        },
+        cache: run.bufs.swap_remove(4),
+        counts: run.counts,
         kernel: Some(name),
     }
 }
@@ -187,44 +110,8 @@ fn run_host(exe: &PathBuf, case: &Case, plan: &InsertPlan, launch: &Launch) -> H
 /// one.
 fn long_case(seed: u64, kind: Kind, n: usize) -> Case {
     let mut rng = Prng::new(seed);
-    let rng = &mut rng;
-    let geo = Geo::random(rng);
-    let max_pos = 4 * n + 8;
-    let latent: Vec<u16> = (0..n)
-        .flat_map(|_| latent_row(rng, kind.special_values))
-        .collect();
-    let positions: Vec<i64> = (0..n)
-        .map(|_| {
-            if kind.wild_indices && rng.chance(0.05) {
-                -1
-            } else {
-                rng.range(0, max_pos as i64)
-            }
-        })
-        .collect();
-    let cache = CacheSpec::random(rng, kind.layout, n);
-    let mut slots: Vec<i64> = rng
-        .distinct(cache.capacity(), n)
-        .into_iter()
-        .map(|s| s as i64)
-        .collect();
-    for s in slots.iter_mut() {
-        if rng.chance(0.1) {
-            *s = -1;
-        } else if kind.wild_indices && rng.chance(0.05) {
-            *s = cache.capacity() as i64 + 1;
-        }
-    }
-    let spec = InsertSpec {
-        cr: kind.cr,
-        latent,
-        positions,
-        slots,
-        cos_sin: CosSinSpec::rotations(rng, max_pos + 1, kind.cos_bf16),
-        cache,
-        index_i64: kind.index_i64,
-        geo,
-    };
+    let geo = Geo::random(&mut rng);
+    let spec = random_insert_spec(&mut rng, &kind, geo, n, n, 4 * n + 8);
     insert_case(
         &format!("long {kind:?} n {n} seed {seed:#x}"),
         &spec,
@@ -241,9 +128,9 @@ fn host_kinds() -> Vec<Kind> {
 
 #[test]
 fn host_built_insert_kernels_match_the_reference() {
-    let exe = match harness() {
+    let exe = match host_kernels::build("insert_host.cpp") {
         Ok(e) => e,
-        Err(why) => return skipped(&format!("insert host kernels: {why}")),
+        Err(why) => return host_kernels::skipped(&format!("insert host kernels: {why}")),
     };
     let mut cases = Vec::new();
     for (k, kind) in host_kinds().into_iter().enumerate() {

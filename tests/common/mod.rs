@@ -1326,6 +1326,64 @@ fn cr2_spec(rng: &mut Prng, k: &Kind, geo: Geo) -> (CompressSpec, Vec<Chunk>) {
     (spec, chunks)
 }
 
+/// A random `rope_quant_insert` of `n` tokens over `rows >= n` latent rows,
+/// positions below `max_pos` (CR2: mostly odd, closing a group) and a cos/sin
+/// table of `max_pos + 1` rows; `kind.wild_indices` adds slots past the cache
+/// and positions below 0 or past the table.
+pub fn random_insert_spec(
+    rng: &mut Prng,
+    kind: &Kind,
+    geo: Geo,
+    n: usize,
+    rows: usize,
+    max_pos: usize,
+) -> InsertSpec {
+    let latent: Vec<u16> = (0..rows)
+        .flat_map(|_| latent_row(rng, kind.special_values))
+        .collect();
+    let mut positions: Vec<i64> = (0..rows)
+        .map(|_| {
+            let p = rng.range(0, max_pos as i64);
+            if kind.cr == 2 && rng.chance(0.6) {
+                p | 1
+            } else {
+                p
+            }
+        })
+        .collect();
+    let cache = CacheSpec::random(rng, kind.layout, n);
+    let mut slots: Vec<i64> = rng
+        .distinct(cache.capacity(), n)
+        .into_iter()
+        .map(|s| s as i64)
+        .collect();
+    for s in slots.iter_mut() {
+        if rng.chance(0.15) {
+            *s = -1;
+        }
+    }
+    if kind.wild_indices {
+        for t in 0..n {
+            match rng.below(10) {
+                0 => slots[t] = (cache.capacity() + rng.below(3)) as i64,
+                1 => positions[t] = -rng.range(1, 3),
+                2 => positions[t] = max_pos as i64 + 1 + rng.range(0, 4),
+                _ => {}
+            }
+        }
+    }
+    InsertSpec {
+        cr: kind.cr,
+        latent,
+        positions,
+        slots,
+        cos_sin: CosSinSpec::rotations(rng, max_pos + 1, kind.cos_bf16),
+        cache,
+        index_i64: kind.index_i64,
+        geo,
+    }
+}
+
 /// A random valid case of `kind` from `seed` (with `kind.wild_indices`,
 /// some indices point outside their tensors; with `kind.special_values`,
 /// some values are special). Slots of different tokens are distinct, so
@@ -1339,52 +1397,7 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
         Op::RopeQuantInsert => {
             let n = rng.below(9);
             let rows = n + rng.below(3);
-            let latent: Vec<u16> = (0..rows)
-                .flat_map(|_| latent_row(rng, kind.special_values))
-                .collect();
-            let max_pos = 24usize;
-            let positions: Vec<i64> = (0..rows)
-                .map(|_| {
-                    let p = rng.range(0, max_pos as i64);
-                    if kind.cr == 2 && rng.chance(0.6) {
-                        p | 1
-                    } else {
-                        p
-                    }
-                })
-                .collect();
-            let cache = CacheSpec::random(rng, kind.layout, n);
-            let mut slots: Vec<i64> = rng
-                .distinct(cache.capacity(), n)
-                .into_iter()
-                .map(|s| s as i64)
-                .collect();
-            for s in slots.iter_mut() {
-                if rng.chance(0.15) {
-                    *s = -1;
-                }
-            }
-            let mut positions = positions;
-            if kind.wild_indices {
-                for t in 0..n {
-                    match rng.below(10) {
-                        0 => slots[t] = (cache.capacity() + rng.below(3)) as i64,
-                        1 => positions[t] = -rng.range(1, 3),
-                        2 => positions[t] = max_pos as i64 + 1 + rng.range(0, 4),
-                        _ => {}
-                    }
-                }
-            }
-            let spec = InsertSpec {
-                cr: kind.cr,
-                latent,
-                positions,
-                slots,
-                cos_sin: CosSinSpec::rotations(rng, max_pos + 1, kind.cos_bf16),
-                cache,
-                index_i64: kind.index_i64,
-                geo,
-            };
+            let spec = random_insert_spec(rng, &kind, geo, n, rows, 24);
             insert_case(&name, &spec, kind.sanitize)
         }
         Op::FusedSaveCompressNorm | Op::FusedCompressInsert => {

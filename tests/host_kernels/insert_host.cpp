@@ -1,10 +1,8 @@
 // Runs the insert kernels on the host for tests/insert_host_kernels.rs: one
 // work-item after the other, except for V4 and MXFP8, whose scale blocks
 // span lanes: there a group's 32 lanes run on threads of their own
-// (KV_HOST_LANES), group after group, and exchange values as on a device. Input (stdin): the buffers, the
-// parameter block with every pointer as (buffer index + 1) << 48 | byte
-// offset, the kernel's name, the grid and the block size. Output (stdout):
-// every buffer after the launch, then the three counters.
+// (KV_HOST_LANES), group after group, and exchange values as on a device.
+// The launch protocol is harness.h's.
 #define KV_HOST_LANES 1
 #include "prelude_host.h"
 #define KV_PRELUDE_INCLUDED 1
@@ -13,10 +11,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
-#include <stdio.h>
-#include <string>
 #include <thread>
-#include <vector>
+
+#include "harness.h"
 
 thread_local unsigned kv_host_tid;
 unsigned kv_host_bid, kv_host_bdim, kv_host_gdim;
@@ -58,53 +55,17 @@ uint32_t kv_host_exchange(uint32_t v, unsigned from) {
     return r;
 }
 
-static void read_all(void* p, size_t n) {
-    if (fread(p, 1, n, stdin) != n) {
-        fprintf(stderr, "short input\n");
-        exit(2);
-    }
-}
-
-template <class T>
-static void relocate(T*& field, std::vector<std::vector<uint8_t>>& bufs) {
-    uint64_t v = (uint64_t)(uintptr_t)field;
-    if (v == 0) return;
-    uint64_t id = (v >> 48) - 1, off = v & 0xffffffffffffull;
-    field = (T*)(bufs.at(id).data() + off);
-}
-
 int main() {
-    uint32_t nbufs;
-    read_all(&nbufs, 4);
-    std::vector<std::vector<uint8_t>> bufs(nbufs);
-    for (auto& b : bufs) {
-        uint64_t len;
-        read_all(&len, 8);
-        b.resize(len + 16);  // slack: a bad address shows as a mismatch, not a crash
-        read_all(b.data(), len);
-        b.resize(len);
-    }
-    KvInsertParams p;
-    read_all(&p, sizeof p);
-    uint32_t name_len, grid, block;
-    read_all(&name_len, 4);
-    std::string name(name_len, '\0');
-    read_all(&name[0], name_len);
-    read_all(&grid, 4);
-    read_all(&block, 4);
-    unsigned counters[3] = {0, 0, 0};
-    relocate(p.latent, bufs);
-    relocate(p.positions, bufs);
-    relocate(p.slots, bufs);
-    relocate(p.cos_sin, bufs);
-    relocate(p.cache, bufs);
-    relocate(p.fp8_scale, bufs);
-    p.counters = counters;
+    KvHostLaunch<KvInsertParams> in;
+    KvInsertParams& p = in.params;
+    in.relocate(p.latent);
+    in.relocate(p.positions);
+    in.relocate(p.slots);
+    in.relocate(p.cos_sin);
+    in.relocate(p.cache);
+    in.relocate(p.fp8_scale);
     typedef void (*K)(const KvInsertParams);
-    struct {
-        const char* name;
-        K k;
-    } const kernels[] = {
+    const std::pair<const char*, K> kernels[] = {
         {"kv_insert_v4", kv_insert_v4},
         {"kv_insert_mxfp8", kv_insert_mxfp8},
         {"kv_insert_nvfp4", kv_insert_nvfp4},
@@ -114,16 +75,11 @@ int main() {
         {"kv_insert_bf16_tiles", kv_insert_bf16_tiles},
         {"kv_insert_fp8_tiles", kv_insert_fp8_tiles},
     };
-    K k = nullptr;
-    for (auto& e : kernels)
-        if (name == e.name) k = e.k;
-    if (!k) {
-        fprintf(stderr, "no host-run insert kernel %s\n", name.c_str());
-        exit(2);
-    }
+    K k = in.find(kernels);
+    const unsigned grid = in.grid, block = in.block;
     kv_host_bdim = block;
     kv_host_gdim = grid;
-    bool exchanges = name == "kv_insert_v4" || name == "kv_insert_mxfp8";
+    bool exchanges = in.kernel == "kv_insert_v4" || in.kernel == "kv_insert_mxfp8";
     if (!exchanges) {
         // No lane talks to another: one work-item after the other.
         for (kv_host_bid = 0; kv_host_bid < grid; ++kv_host_bid)
@@ -157,9 +113,8 @@ int main() {
             }
         quit = true;
         start.wait();
-        for (auto& l : lanes) l.join();
+        for (auto& t : lanes) t.join();
     }
-    for (auto& b : bufs) fwrite(b.data(), 1, b.size(), stdout);
-    fwrite(counters, 4, 3, stdout);
+    in.write_results();
     return 0;
 }

@@ -1,0 +1,73 @@
+// The launch protocol of the host-run kernels (tests/host_kernels/mod.rs is
+// the other side). Input (stdin): the buffer count, each buffer as its
+// length and bytes, the parameter block with every pointer as
+// (buffer index + 1) << 48 | byte offset, the kernel's name, the grid and the
+// block size. Output (stdout): every buffer after the launch, then the three
+// skip counters.
+#pragma once
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string>
+#include <vector>
+
+static void kv_host_read(void* p, size_t n) {
+    if (fread(p, 1, n, stdin) != n) {
+        fprintf(stderr, "short input\n");
+        exit(2);
+    }
+}
+
+// A launch as read from stdin, its parameter block of type P.
+template <class P>
+struct KvHostLaunch {
+    std::vector<std::vector<uint8_t>> bufs;
+    P params;
+    std::string kernel;
+    uint32_t grid, block;
+    unsigned counters[3] = {0, 0, 0};
+
+    KvHostLaunch() {
+        uint32_t nbufs;
+        kv_host_read(&nbufs, 4);
+        bufs.resize(nbufs);
+        for (auto& b : bufs) {
+            uint64_t len;
+            kv_host_read(&len, 8);
+            b.resize(len + 16);  // slack: a bad address shows as a mismatch, not a crash
+            kv_host_read(b.data(), len);
+            b.resize(len);
+        }
+        kv_host_read(&params, sizeof params);
+        uint32_t name_len;
+        kv_host_read(&name_len, 4);
+        kernel.assign(name_len, '\0');
+        kv_host_read(&kernel[0], name_len);
+        kv_host_read(&grid, 4);
+        kv_host_read(&block, 4);
+        params.counters = counters;
+    }
+
+    // A pointer field given as buffer id and offset, made a host address.
+    template <class T>
+    void relocate(T*& field) {
+        uint64_t v = (uint64_t)(uintptr_t)field;
+        if (v == 0) return;
+        uint64_t id = (v >> 48) - 1, off = v & 0xffffffffffffull;
+        field = (T*)(bufs.at(id).data() + off);
+    }
+
+    // The kernel of that name in a table of {name, function}; exits if none.
+    template <class K, size_t N>
+    K find(const std::pair<const char*, K> (&table)[N]) const {
+        for (auto& e : table)
+            if (kernel == e.first) return e.second;
+        fprintf(stderr, "no host-run kernel %s\n", kernel.c_str());
+        exit(2);
+    }
+
+    void write_results() const {
+        for (auto& b : bufs) fwrite(b.data(), 1, b.size(), stdout);
+        fwrite(counters, 4, 3, stdout);
+    }
+};
