@@ -7,7 +7,8 @@ beside the bench or the seed's Triton kernels."""
 import torch
 
 
-def graph_us(fn, launches=20, replays=7):
+def graph_times(fn, launches=20, replays=7):
+    """Every timed replay's µs per launch, in replay order."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -27,5 +28,10 @@ def graph_us(fn, launches=20, replays=7):
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000 / launches)
-    times.sort()
+    return times
+
+
+def graph_us(fn, launches=20, replays=7):
+    """The median of graph_times (the upper middle one for an even count)."""
+    times = sorted(graph_times(fn, launches, replays))
     return times[len(times) // 2]

@@ -33,11 +33,13 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 
 import own_baselines  # noqa: E402
+from graph_timing import graph_times  # noqa: E402
 import seedlib  # noqa: E402
 
 TOKENS = (1, 16, 128, 1024, 8192, 65536)
@@ -48,31 +50,11 @@ BLOCK_SIZE = 64
 
 def time_graph(fn, launches=LAUNCHES, replays=REPLAYS):
     """Per-launch GPU time in microseconds: median over `replays` replays of a
-    CUDA graph holding `launches` calls of fn, divided by `launches`."""
+    CUDA graph holding `launches` calls of fn, divided by `launches`
+    (scripts/graph_timing.py), and every replay's."""
     fn()  # compile / warm up outside the graph
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    per_launch = []
-    for _ in range(replays):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        per_launch.append(start.elapsed_time(end) * 1000.0 / launches)
-    del graph
+    per_launch = graph_times(fn, launches, replays)
     return statistics.median(per_launch), per_launch
 
 
