@@ -92,6 +92,12 @@ KV_DEVICE uint32_t kv_shfl_idx_u32(uint32_t v, unsigned src) {
 // Device-scope relaxed atomic add; returns the old value.
 KV_DEVICE unsigned kv_atomic_add_u32(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 
+// A 16-byte store (16-byte aligned) of output nothing reads again, marked
+// evict-first in L2 (st.global.cs).
+KV_DEVICE void kv_store_16_evict_first(void* p, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+    __stcs((uint4*)p, make_uint4(x, y, z, w));
+}
+
 KV_DEVICE float kv_fmaf(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 KV_DEVICE float kv_sqrtf(float x) { return __fsqrt_rn(x); }
 KV_DEVICE float kv_divf(float a, float b) { return __fdiv_rn(a, b); }

@@ -233,7 +233,17 @@ struct KvGatherParams {
     X(kv_gather_bf16_bf16_slots, KvGatherParams)       \
     X(kv_gather_bf16_f32_slots, KvGatherParams)        \
     X(kv_gather_fp8_bf16_slots, KvGatherParams)        \
-    X(kv_gather_fp8_f32_slots, KvGatherParams)
+    X(kv_gather_fp8_f32_slots, KvGatherParams)         \
+    X(kv_gather_v4_bf16_split, KvGatherParams)         \
+    X(kv_gather_v4_f32_split, KvGatherParams)          \
+    X(kv_gather_mxfp8_bf16_split, KvGatherParams)      \
+    X(kv_gather_mxfp8_f32_split, KvGatherParams)       \
+    X(kv_gather_nvfp4_bf16_split, KvGatherParams)      \
+    X(kv_gather_nvfp4_f32_split, KvGatherParams)       \
+    X(kv_gather_bf16_bf16_split, KvGatherParams)       \
+    X(kv_gather_bf16_f32_split, KvGatherParams)        \
+    X(kv_gather_fp8_bf16_split, KvGatherParams)        \
+    X(kv_gather_fp8_f32_split, KvGatherParams)
 
 // Field offsets computed by build.rs from the structs above, checked against
 // this compiler's layout (the Rust structs are checked against the same

@@ -3,14 +3,14 @@
 // src/gather.rs (GatherIn::locate, gather_reference); docs/layouts.md
 // ("Reading records back") defines which record each output row reads.
 //
-// Work split: a group of 32 lanes gathers one output row, or two
-// consecutive rows with KV_GF_TWO_ROWS (all their loads issued before the
-// first conversion: twice the bytes in flight per group). A row's output is
-// cut into 16-byte units (8 dims of BF16, 4 of F32) and lane l does units
-// l, l + 32, ...: every store instruction of a group writes 512 contiguous
-// bytes, and every load instruction reads contiguous bytes of the record
-// (the unit's 2 to 16 input bytes). No lane talks to another, so nothing
-// depends on the warp or wavefront width.
+// Work split: a group of 32 lanes gathers one output row (or two
+// consecutive rows with KV_GF_TWO_ROWS, all their loads issued before the
+// first conversion), or two groups share one (the split kernels). A row's
+// output is cut into 16-byte units (8 dims of BF16, 4 of F32) and lane l of
+// its L lanes (32 or 64) does units l, l + L, ...: every store instruction
+// of a group writes 512 contiguous bytes, and every load instruction reads
+// contiguous bytes of the record (the unit's 2 to 16 input bytes). No lane
+// talks to another, so nothing depends on the warp or wavefront width.
 //
 // Included by kvcache.hip after its helpers (kv_group, kv_page_row,
 // kv_load_index, kv_count) and kv_formats.h's decoders; the parameter block
@@ -296,21 +296,43 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
     return kv_u32x4_of(o);
 }
 
-// SLOT_ROWS: the slot form with a row per group, fixed at compile time
-// (every slot-list launch below GATHER_TWO_ROWS_MIN rows, so every decode
-// step's): without the block-table search and the second row the kernel's
-// path from its start to the row's loads is shorter and jumps less, which
-// is most of a few-row launch (docs/tuning.md, "The reader").
-template <int LAYOUT, bool F32, bool SLOT_ROWS>
+// Kernel forms. GENERAL: every addressing form, one or two rows per group
+// (KV_GF_BLOCK_TABLE, KV_GF_TWO_ROWS). SLOTS: the slot form with a row per
+// group, fixed at compile time (the block-table search and the second row
+// gone, so the path to the row's loads is shorter and jumps less). SPLIT:
+// the slot form with each row split over two groups, one 16-byte unit a
+// lane (BF16), for the fewest rows, where a group's chain of conversions
+// is most of the launch (docs/tuning.md, "The reader").
+#define KV_GATHER_GENERAL 0
+#define KV_GATHER_SLOTS 1
+#define KV_GATHER_SPLIT 2
+
+// An output unit's store. NVFP4's rows go out marked evict-first: its
+// records are the smallest, so the 1024 output bytes a row otherwise push
+// its neighbours' scale sectors out of L2 before they are read.
+template <int LAYOUT>
+KV_DEVICE void kv_gather_store(kv_u32x4* p, kv_u32x4 v) {
+    if (LAYOUT == KV_LAYOUT_NVFP4)
+        kv_store_16_evict_first(p, v.x, v.y, v.z, v.w);
+    else
+        *p = v;
+}
+
+template <int LAYOUT, bool F32, int FORM>
 KV_DEVICE void kv_gather(const KvGatherParams& p) {
     constexpr int DIMS = KvGatherShape<F32>::DIMS;
-    constexpr int STEPS = KvGatherShape<F32>::STEPS;
+    // Lanes a row and units a lane.
+    constexpr int ROW_LANES = FORM == KV_GATHER_SPLIT ? 64 : 32;
+    constexpr int STEPS = 512 / (ROW_LANES * DIMS);
     constexpr int V = LAYOUT == KV_LAYOUT_V4 ? 576 : LAYOUT == KV_LAYOUT_MXFP8 ? 512 : 256;
     constexpr int S = LAYOUT == KV_LAYOUT_V4 ? 8 : LAYOUT == KV_LAYOUT_MXFP8 ? 16 : 32;
     constexpr bool PAGED = LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8 || LAYOUT == KV_LAYOUT_NVFP4;
-    const unsigned lane = kv_lane();
-    const bool two = !SLOT_ROWS && (p.flags & KV_GF_TWO_ROWS) != 0u;
-    const int64_t first = two ? 2 * kv_group(p.flags) : kv_group(p.flags);
+    const int64_t g = kv_group(p.flags);
+    // The lane's place in its row: a split row's second group holds lanes
+    // 32..63 (so that only the first one's lane 0 counts a skip).
+    const unsigned lane = kv_lane() + (FORM == KV_GATHER_SPLIT ? 32u * (unsigned)(g & 1) : 0u);
+    const bool two = FORM == KV_GATHER_GENERAL && (p.flags & KV_GF_TWO_ROWS) != 0u;
+    const int64_t first = FORM == KV_GATHER_SPLIT ? g >> 1 : two ? 2 * g : g;
     const KvGatherFp8 fp8 = kv_fp8_rows_multiplier(LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f);
 
     bool ok[2];
@@ -320,7 +342,8 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
     for (int r = 0; r < 2; ++r) {
         int64_t o = first + r;
         int64_t block = 0, row = 0;
-        ok[r] = (r == 0 || two) && o < p.n && kv_gather_locate<SLOT_ROWS>(p, o, lane, &block, &row);
+        ok[r] = (r == 0 || two) && o < p.n &&
+                kv_gather_locate<FORM != KV_GATHER_GENERAL>(p, o, lane, &block, &row);
         const uint8_t* page = p.cache + block * p.block_stride;
         values[r] = PAGED ? page + row * V : page + row * p.row_stride;
         scales[r] = page + (int64_t)p.block_size * V + row * S;
@@ -333,7 +356,8 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
         if (!ok[r]) continue;
 #pragma unroll
         for (int s = 0; s < STEPS; ++s)
-            kv_gather_load_unit<LAYOUT, F32>(values[r], scales[r], DIMS * (int)(lane + 32u * s), w[r][s], &sc[r][s]);
+            kv_gather_load_unit<LAYOUT, F32>(values[r], scales[r], DIMS * (int)(lane + ROW_LANES * s), w[r][s],
+                                             &sc[r][s]);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -342,36 +366,46 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
         kv_u32x4* out = (kv_u32x4*)((uint8_t*)p.out + (first + r) * p.out_row_stride * (F32 ? 4 : 2));
 #pragma unroll
         for (int s = 0; s < STEPS; ++s) {
-            int u = (int)lane + 32 * s;
-            out[u] = kv_gather_convert_unit<LAYOUT, F32>(w[r][s], sc[r][s], DIMS * u, fp8);
+            int u = (int)lane + ROW_LANES * s;
+            kv_gather_store<LAYOUT>(out + u, kv_gather_convert_unit<LAYOUT, F32>(w[r][s], sc[r][s], DIMS * u, fp8));
         }
     }
 }
 
-#define KV_GATHER_KERNEL(name, LAYOUT, F32, SLOT_ROWS)                                \
+#define KV_GATHER_KERNEL(name, LAYOUT, F32, FORM)                                     \
     KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvGatherParams p) { \
-        kv_gather<LAYOUT, F32, SLOT_ROWS>(p);                                         \
+        kv_gather<LAYOUT, F32, FORM>(p);                                              \
     }
 
 // Every form and rows per group (flags), then the slot form with a row per
-// group.
-KV_GATHER_KERNEL(kv_gather_v4_bf16, KV_LAYOUT_V4, false, false)
-KV_GATHER_KERNEL(kv_gather_v4_f32, KV_LAYOUT_V4, true, false)
-KV_GATHER_KERNEL(kv_gather_mxfp8_bf16, KV_LAYOUT_MXFP8, false, false)
-KV_GATHER_KERNEL(kv_gather_mxfp8_f32, KV_LAYOUT_MXFP8, true, false)
-KV_GATHER_KERNEL(kv_gather_nvfp4_bf16, KV_LAYOUT_NVFP4, false, false)
-KV_GATHER_KERNEL(kv_gather_nvfp4_f32, KV_LAYOUT_NVFP4, true, false)
-KV_GATHER_KERNEL(kv_gather_bf16_bf16, KV_LAYOUT_BF16, false, false)
-KV_GATHER_KERNEL(kv_gather_bf16_f32, KV_LAYOUT_BF16, true, false)
-KV_GATHER_KERNEL(kv_gather_fp8_bf16, KV_LAYOUT_FP8, false, false)
-KV_GATHER_KERNEL(kv_gather_fp8_f32, KV_LAYOUT_FP8, true, false)
-KV_GATHER_KERNEL(kv_gather_v4_bf16_slots, KV_LAYOUT_V4, false, true)
-KV_GATHER_KERNEL(kv_gather_v4_f32_slots, KV_LAYOUT_V4, true, true)
-KV_GATHER_KERNEL(kv_gather_mxfp8_bf16_slots, KV_LAYOUT_MXFP8, false, true)
-KV_GATHER_KERNEL(kv_gather_mxfp8_f32_slots, KV_LAYOUT_MXFP8, true, true)
-KV_GATHER_KERNEL(kv_gather_nvfp4_bf16_slots, KV_LAYOUT_NVFP4, false, true)
-KV_GATHER_KERNEL(kv_gather_nvfp4_f32_slots, KV_LAYOUT_NVFP4, true, true)
-KV_GATHER_KERNEL(kv_gather_bf16_bf16_slots, KV_LAYOUT_BF16, false, true)
-KV_GATHER_KERNEL(kv_gather_bf16_f32_slots, KV_LAYOUT_BF16, true, true)
-KV_GATHER_KERNEL(kv_gather_fp8_bf16_slots, KV_LAYOUT_FP8, false, true)
-KV_GATHER_KERNEL(kv_gather_fp8_f32_slots, KV_LAYOUT_FP8, true, true)
+// group, then with a row per two groups.
+KV_GATHER_KERNEL(kv_gather_v4_bf16, KV_LAYOUT_V4, false, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_v4_f32, KV_LAYOUT_V4, true, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_mxfp8_bf16, KV_LAYOUT_MXFP8, false, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_mxfp8_f32, KV_LAYOUT_MXFP8, true, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_nvfp4_bf16, KV_LAYOUT_NVFP4, false, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_nvfp4_f32, KV_LAYOUT_NVFP4, true, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_bf16_bf16, KV_LAYOUT_BF16, false, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_bf16_f32, KV_LAYOUT_BF16, true, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_fp8_bf16, KV_LAYOUT_FP8, false, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_fp8_f32, KV_LAYOUT_FP8, true, KV_GATHER_GENERAL)
+KV_GATHER_KERNEL(kv_gather_v4_bf16_slots, KV_LAYOUT_V4, false, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_v4_f32_slots, KV_LAYOUT_V4, true, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_mxfp8_bf16_slots, KV_LAYOUT_MXFP8, false, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_mxfp8_f32_slots, KV_LAYOUT_MXFP8, true, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_nvfp4_bf16_slots, KV_LAYOUT_NVFP4, false, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_nvfp4_f32_slots, KV_LAYOUT_NVFP4, true, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_bf16_bf16_slots, KV_LAYOUT_BF16, false, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_bf16_f32_slots, KV_LAYOUT_BF16, true, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_fp8_bf16_slots, KV_LAYOUT_FP8, false, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_fp8_f32_slots, KV_LAYOUT_FP8, true, KV_GATHER_SLOTS)
+KV_GATHER_KERNEL(kv_gather_v4_bf16_split, KV_LAYOUT_V4, false, KV_GATHER_SPLIT)
+KV_GATHER_KERNEL(kv_gather_v4_f32_split, KV_LAYOUT_V4, true, KV_GATHER_SPLIT)
+KV_GATHER_KERNEL(kv_gather_mxfp8_bf16_split, KV_LAYOUT_MXFP8, false, KV_GATHER_SPLIT)
+KV_GATHER_KERNEL(kv_gather_mxfp8_f32_split, KV_LAYOUT_MXFP8, true, KV_GATHER_SPLIT)
+KV_GATHER_KERNEL(kv_gather_nvfp4_bf16_split, KV_LAYOUT_NVFP4, false, KV_GATHER_SPLIT)
+KV_GATHER_KERNEL(kv_gather_nvfp4_f32_split, KV_LAYOUT_NVFP4, true, KV_GATHER_SPLIT)
+KV_GATHER_KERNEL(kv_gather_bf16_bf16_split, KV_LAYOUT_BF16, false, KV_GATHER_SPLIT)
+KV_GATHER_KERNEL(kv_gather_bf16_f32_split, KV_LAYOUT_BF16, true, KV_GATHER_SPLIT)
+KV_GATHER_KERNEL(kv_gather_fp8_bf16_split, KV_LAYOUT_FP8, false, KV_GATHER_SPLIT)
+KV_GATHER_KERNEL(kv_gather_fp8_f32_split, KV_LAYOUT_FP8, true, KV_GATHER_SPLIT)

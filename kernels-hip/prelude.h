@@ -78,6 +78,15 @@ KV_DEVICE void kv_sync() {
 
 // ------------------------------------------- common to both AMD modes -------
 
+// A 16-byte store (16-byte aligned) of output nothing reads again. CUDA
+// marks it evict-first, measured on the H200; without an AMD GPU to measure
+// a nontemporal store on, it is a plain one here.
+typedef uint32_t kv_u32v4 __attribute__((ext_vector_type(4)));
+KV_DEVICE void kv_store_16_evict_first(void* p, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+    kv_u32v4 v = {x, y, z, w};
+    *(kv_u32v4*)p = v;
+}
+
 // The CUDA prelude's occupancy variants (blocks per SM, i.e. a register cap
 // for ptxas); on AMD they are the work-group size bound alone.
 #define KV_LAUNCH_BOUNDS_2(n) KV_LAUNCH_BOUNDS(n)

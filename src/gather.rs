@@ -482,41 +482,69 @@ where
 
 // ---- the device launch interface ------------------------------------------
 
-/// The gather kernel for a layout and output type. `slot_rows`: the slot
-/// form with a row per group, which has kernels of its own (`_slots`:
-/// neither the block-table search nor the second row, so a few-row launch
-/// reaches its loads sooner); the others serve both forms and either rows
-/// per group (`KV_GF_BLOCK_TABLE`, `KV_GF_TWO_ROWS`).
-pub fn gather_kernel(layout: RecordLayout, out_f32: bool, slot_rows: bool) -> Kernel {
+/// How a gather launch maps output rows to groups (of 32 lanes), each with
+/// kernels of its own ([`gather_kernel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GatherRows {
+    /// Two consecutive rows a group (the general kernels, `KV_GF_TWO_ROWS`):
+    /// only where the launch policy forces it.
+    Two,
+    /// A row a group: the slot form's `_slots` kernels, the general kernels
+    /// for the block-table form.
+    One,
+    /// A row over two groups, one 16-byte output unit a lane (`_split`, the
+    /// slot form only): launches of at most [`GATHER_SPLIT_MAX_ROWS`] rows.
+    Split,
+}
+
+/// The gather kernel for a layout, output type, addressing form and row
+/// mapping. The slot form has kernels of its own for a row a group
+/// (`_slots`: neither the block-table search nor the second row, so a
+/// launch reaches its loads sooner) and a row over two groups (`_split`);
+/// the general kernels serve both forms with one or two rows a group
+/// (`KV_GF_BLOCK_TABLE`, `KV_GF_TWO_ROWS`).
+pub fn gather_kernel(layout: RecordLayout, out_f32: bool, slots: bool, rows: GatherRows) -> Kernel {
     use Kernel::*;
-    match (layout, out_f32, slot_rows) {
-        (RecordLayout::V4, false, false) => GatherV4Bf16,
-        (RecordLayout::V4, true, false) => GatherV4F32,
-        (RecordLayout::Mxfp8, false, false) => GatherMxfp8Bf16,
-        (RecordLayout::Mxfp8, true, false) => GatherMxfp8F32,
-        (RecordLayout::Nvfp4, false, false) => GatherNvfp4Bf16,
-        (RecordLayout::Nvfp4, true, false) => GatherNvfp4F32,
-        (RecordLayout::Bf16Rows, false, false) => GatherBf16Bf16,
-        (RecordLayout::Bf16Rows, true, false) => GatherBf16F32,
-        (RecordLayout::Fp8Rows, false, false) => GatherFp8Bf16,
-        (RecordLayout::Fp8Rows, true, false) => GatherFp8F32,
-        (RecordLayout::V4, false, true) => GatherV4Bf16Slots,
-        (RecordLayout::V4, true, true) => GatherV4F32Slots,
-        (RecordLayout::Mxfp8, false, true) => GatherMxfp8Bf16Slots,
-        (RecordLayout::Mxfp8, true, true) => GatherMxfp8F32Slots,
-        (RecordLayout::Nvfp4, false, true) => GatherNvfp4Bf16Slots,
-        (RecordLayout::Nvfp4, true, true) => GatherNvfp4F32Slots,
-        (RecordLayout::Bf16Rows, false, true) => GatherBf16Bf16Slots,
-        (RecordLayout::Bf16Rows, true, true) => GatherBf16F32Slots,
-        (RecordLayout::Fp8Rows, false, true) => GatherFp8Bf16Slots,
-        (RecordLayout::Fp8Rows, true, true) => GatherFp8F32Slots,
-    }
+    let general = [
+        [GatherV4Bf16, GatherV4F32],
+        [GatherMxfp8Bf16, GatherMxfp8F32],
+        [GatherNvfp4Bf16, GatherNvfp4F32],
+        [GatherBf16Bf16, GatherBf16F32],
+        [GatherFp8Bf16, GatherFp8F32],
+    ];
+    let slot_rows = [
+        [GatherV4Bf16Slots, GatherV4F32Slots],
+        [GatherMxfp8Bf16Slots, GatherMxfp8F32Slots],
+        [GatherNvfp4Bf16Slots, GatherNvfp4F32Slots],
+        [GatherBf16Bf16Slots, GatherBf16F32Slots],
+        [GatherFp8Bf16Slots, GatherFp8F32Slots],
+    ];
+    let split = [
+        [GatherV4Bf16Split, GatherV4F32Split],
+        [GatherMxfp8Bf16Split, GatherMxfp8F32Split],
+        [GatherNvfp4Bf16Split, GatherNvfp4F32Split],
+        [GatherBf16Bf16Split, GatherBf16F32Split],
+        [GatherFp8Bf16Split, GatherFp8F32Split],
+    ];
+    let l = match layout {
+        RecordLayout::V4 => 0,
+        RecordLayout::Mxfp8 => 1,
+        RecordLayout::Nvfp4 => 2,
+        RecordLayout::Bf16Rows => 3,
+        RecordLayout::Fp8Rows => 4,
+    };
+    let table = match (slots, rows) {
+        (true, GatherRows::One) => &slot_rows,
+        (true, GatherRows::Split) => &split,
+        _ => &general,
+    };
+    table[l][usize::from(out_f32)]
 }
 
 /// The kernel that runs `launch` of plan `p` ([`gather_kernel`]).
 pub fn gather_launch_kernel(p: &GatherPlan, launch: &GatherLaunch) -> Kernel {
-    let slot_rows = matches!(p.addressing, GatherAddressing::Slots(_)) && !launch.two_rows;
-    gather_kernel(p.cache.layout, p.out_f32, slot_rows)
+    let slots = matches!(p.addressing, GatherAddressing::Slots(_));
+    gather_kernel(p.cache.layout, p.out_f32, slots, launch.rows)
 }
 
 /// Flag bits of [`GatherParams::flags`] (`KV_GF_*` in kv_abi.h); bits
@@ -563,34 +591,51 @@ pub struct GatherPtrs {
     pub counters: u64,
 }
 
-/// Launches of at least this many rows give each group two rows
-/// ([`GatherLaunch::two_rows`]) unless the launch policy forces the choice
-/// ([`LaunchPolicy::gather_two_rows`]): twice the bytes in flight per
-/// group, where smaller launches want every row on its own group to spread
-/// over more SMs. A first choice, to be measured on the H200.
-pub const GATHER_TWO_ROWS_MIN: usize = 8192;
+/// Slot-form launches of at most this many rows split each row over two
+/// groups ([`GatherRows::Split`]) unless the launch policy says otherwise
+/// ([`LaunchPolicy::gather_split_rows`]): there a group's chain of loads and
+/// conversions is most of the launch, and halving it gains more than the
+/// second group costs (docs/tuning.md, "The reader").
+pub const GATHER_SPLIT_MAX_ROWS: usize = 64;
 
 /// The shape of one gather launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GatherLaunch {
     /// Grid and block ([`LaunchPolicy::geometry`] of the groups).
     pub geometry: Geometry,
-    /// Each group gathers rows `2 g` and `2 g + 1`.
-    pub two_rows: bool,
+    /// How rows map to groups.
+    pub rows: GatherRows,
 }
 
-/// The launch for `n` rows under `policy` (its
-/// [`LaunchPolicy::gather_two_rows`], else [`GATHER_TWO_ROWS_MIN`], picks
-/// the rows per group). `None` when there is nothing to launch.
-pub fn gather_launch(policy: &LaunchPolicy, n: usize) -> Option<GatherLaunch> {
+/// The launch for `n` rows in the slot form (`slots`) or the block-table
+/// form under `policy`: a row a group, two where
+/// [`LaunchPolicy::gather_two_rows`] forces it, and a row over two groups
+/// for slot-form launches of at most [`GATHER_SPLIT_MAX_ROWS`] rows (or as
+/// [`LaunchPolicy::gather_split_rows`] forces). `None` when there is
+/// nothing to launch.
+pub fn gather_launch(policy: &LaunchPolicy, n: usize, slots: bool) -> Option<GatherLaunch> {
     if n == 0 {
         return None;
     }
-    let two_rows = policy.gather_two_rows.unwrap_or(n >= GATHER_TWO_ROWS_MIN);
-    let groups = if two_rows { n.div_ceil(2) } else { n };
+    let rows = if policy.gather_two_rows.unwrap_or(false) {
+        GatherRows::Two
+    } else if slots
+        && policy
+            .gather_split_rows
+            .unwrap_or(n <= GATHER_SPLIT_MAX_ROWS)
+    {
+        GatherRows::Split
+    } else {
+        GatherRows::One
+    };
+    let groups = match rows {
+        GatherRows::Two => n.div_ceil(2),
+        GatherRows::One => n,
+        GatherRows::Split => 2 * n,
+    };
     Some(GatherLaunch {
         geometry: policy.geometry(groups as u64),
-        two_rows,
+        rows,
     })
 }
 
@@ -623,7 +668,7 @@ pub fn gather_params(p: &GatherPlan, b: &GatherPtrs, launch: &GatherLaunch) -> G
         n: p.n as i32,
         ..Default::default()
     };
-    let mut f = if launch.two_rows {
+    let mut f = if launch.rows == GatherRows::Two {
         gather_flags::TWO_ROWS
     } else {
         0
@@ -665,12 +710,18 @@ mod tests {
     fn kernels_take_the_gather_block_and_are_named_by_layout() {
         for l in RecordLayout::ALL {
             for f32 in [false, true] {
-                for slot_rows in [false, true] {
-                    let k = gather_kernel(l, f32, slot_rows);
-                    assert_eq!(k.param_block(), GatherParams::C_NAME);
-                    let out = if f32 { "f32" } else { "bf16" };
-                    let form = if slot_rows { "_slots" } else { "" };
-                    assert_eq!(k.name(), format!("kv_gather_{}_{out}{form}", l.name()));
+                for slots in [false, true] {
+                    for rows in [GatherRows::Two, GatherRows::One, GatherRows::Split] {
+                        let k = gather_kernel(l, f32, slots, rows);
+                        assert_eq!(k.param_block(), GatherParams::C_NAME);
+                        let out = if f32 { "f32" } else { "bf16" };
+                        let form = match (slots, rows) {
+                            (true, GatherRows::One) => "_slots",
+                            (true, GatherRows::Split) => "_split",
+                            _ => "",
+                        };
+                        assert_eq!(k.name(), format!("kv_gather_{}_{out}{form}", l.name()));
+                    }
                 }
             }
         }
@@ -704,29 +755,51 @@ mod tests {
 
     #[test]
     fn launches_cover_every_row() {
-        assert_eq!(gather_launch(&LaunchPolicy::default(), 0), None);
+        for slots in [false, true] {
+            assert_eq!(gather_launch(&LaunchPolicy::default(), 0, slots), None);
+        }
         for n in [
             1usize,
             2,
             3,
+            GATHER_SPLIT_MAX_ROWS,
+            GATHER_SPLIT_MAX_ROWS + 1,
             2047,
             2048,
             4097,
-            GATHER_TWO_ROWS_MIN - 1,
-            GATHER_TWO_ROWS_MIN,
             65537,
         ] {
-            for force in [None, Some(false), Some(true)] {
-                let pol = LaunchPolicy {
-                    gather_two_rows: force,
-                    ..LaunchPolicy::default()
-                };
-                let l = gather_launch(&pol, n).unwrap();
-                let groups = u64::from(l.geometry.grid) << l.geometry.groups_log2;
-                let rows = groups * if l.two_rows { 2 } else { 1 };
-                assert!(rows >= n as u64, "n {n} {force:?}");
-                assert_eq!(l.geometry.block_threads, 32 << l.geometry.groups_log2);
-                assert_eq!(l.two_rows, force.unwrap_or(n >= GATHER_TWO_ROWS_MIN));
+            for two in [None, Some(false), Some(true)] {
+                for split in [None, Some(false), Some(true)] {
+                    for slots in [false, true] {
+                        let pol = LaunchPolicy {
+                            gather_two_rows: two,
+                            gather_split_rows: split,
+                            ..LaunchPolicy::default()
+                        };
+                        let l = gather_launch(&pol, n, slots).unwrap();
+                        let groups = u64::from(l.geometry.grid) << l.geometry.groups_log2;
+                        let rows = match l.rows {
+                            GatherRows::Two => 2 * groups,
+                            GatherRows::One => groups,
+                            // Both groups of a row in one block.
+                            GatherRows::Split => {
+                                assert!(l.geometry.groups_log2 >= 1);
+                                groups / 2
+                            }
+                        };
+                        assert!(rows >= n as u64, "n {n} {two:?} {split:?}");
+                        assert_eq!(l.geometry.block_threads, 32 << l.geometry.groups_log2);
+                        let want = if two == Some(true) {
+                            GatherRows::Two
+                        } else if slots && split.unwrap_or(n <= GATHER_SPLIT_MAX_ROWS) {
+                            GatherRows::Split
+                        } else {
+                            GatherRows::One
+                        };
+                        assert_eq!(l.rows, want, "n {n} {two:?} {split:?} slots {slots}");
+                    }
+                }
             }
         }
     }

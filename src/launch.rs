@@ -103,18 +103,23 @@ pub struct LaunchPolicy {
     pub cr2_screen: Option<bool>,
     /// Tile-major CR1 inserts (where the layout has a tile-major kernel).
     pub insert_tiles: Option<bool>,
-    /// Two rows per group in `gather_dequant` launches (else from
-    /// [`crate::gather::GATHER_TWO_ROWS_MIN`] rows on).
+    /// Two rows per group in `gather_dequant` launches (else a row a group:
+    /// measured faster at every size, docs/tuning.md).
     pub gather_two_rows: Option<bool>,
+    /// Each row over two groups in slot-form `gather_dequant` launches that
+    /// have no two rows a group (else up to
+    /// [`crate::gather::GATHER_SPLIT_MAX_ROWS`] rows).
+    pub gather_split_rows: Option<bool>,
 }
 
 /// The override variables [`LaunchPolicy::from_env`] reads.
-pub const POLICY_ENV_VARS: [&str; 5] = [
+pub const POLICY_ENV_VARS: [&str; 6] = [
     "DSV4_KVCACHE_GROUPS_PER_BLOCK",
     "DSV4_KVCACHE_CR2_TEAMS",
     "DSV4_KVCACHE_CR2_SCREEN",
     "DSV4_KVCACHE_INSERT_TILES",
     "DSV4_KVCACHE_GATHER_TWO_ROWS",
+    "DSV4_KVCACHE_GATHER_SPLIT_ROWS",
 ];
 
 impl LaunchPolicy {
@@ -125,6 +130,7 @@ impl LaunchPolicy {
         cr2_screen: None,
         insert_tiles: None,
         gather_two_rows: None,
+        gather_split_rows: None,
     };
 
     /// The eight policies that together launch every kernel on decode-sized
@@ -175,10 +181,11 @@ impl LaunchPolicy {
                 },
             ),
             (
-                "DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_GATHER_TWO_ROWS=0",
+                "DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_GATHER_TWO_ROWS=0 DSV4_KVCACHE_GATHER_SPLIT_ROWS=0",
                 LaunchPolicy {
                     insert_tiles: Some(true),
                     gather_two_rows: Some(false),
+                    gather_split_rows: Some(false),
                     ..m
                 },
             ),
@@ -230,6 +237,7 @@ impl LaunchPolicy {
             cr2_screen: switch(POLICY_ENV_VARS[2])?,
             insert_tiles: switch(POLICY_ENV_VARS[3])?,
             gather_two_rows: switch(POLICY_ENV_VARS[4])?,
+            gather_split_rows: switch(POLICY_ENV_VARS[5])?,
         })
     }
 
@@ -408,10 +416,11 @@ impl LaunchPolicy {
         let gpb = self
             .groups_per_block
             .map_or("by size".to_string(), |g| g.to_string());
-        let gather = match self.gather_two_rows {
-            None => "two rows per group from a size on",
-            Some(false) => "a row per group",
-            Some(true) => "two rows per group",
+        let gather = match (self.gather_two_rows, self.gather_split_rows) {
+            (Some(true), _) => "two rows per group",
+            (_, None) => "a row per group, split over two at few rows",
+            (_, Some(false)) => "a row per group",
+            (_, Some(true)) => "a row over two groups (slot form)",
         };
         format!(
             "CR2 kernels: {cr2}; CR1 inserts: {tiles}; gathers: {gather}; groups per block: {gpb}"
@@ -497,6 +506,7 @@ mod tests {
             ("DSV4_KVCACHE_CR2_SCREEN", "yes"),
             ("DSV4_KVCACHE_INSERT_TILES", "2"),
             ("DSV4_KVCACHE_GATHER_TWO_ROWS", "on"),
+            ("DSV4_KVCACHE_GATHER_SPLIT_ROWS", "2"),
         ] {
             let r = LaunchPolicy::from_lookup(|k| (k == var).then(|| bad.to_string()));
             assert!(
@@ -548,16 +558,16 @@ mod tests {
         }
         // The copy kernel is the bench's roofline, not an operation's.
         seen.insert(Kernel::Copy);
-        // The reader's kernels: the slot form with a row per group runs its
-        // own where the mapping gives a row per group.
+        // The reader's kernels: the slot form runs its own where the
+        // mapping gives a row a group or a row over two.
         for (_, pol) in LaunchPolicy::MAPPINGS {
             for l in RecordLayout::ALL {
                 for f32 in [false, true] {
                     for n in [1usize, 1 << 20] {
-                        let launch = crate::gather::gather_launch(&pol, n).expect("rows");
                         for slots in [false, true] {
-                            let slot_rows = slots && !launch.two_rows;
-                            seen.insert(crate::gather::gather_kernel(l, f32, slot_rows));
+                            let launch =
+                                crate::gather::gather_launch(&pol, n, slots).expect("rows");
+                            seen.insert(crate::gather::gather_kernel(l, f32, slots, launch.rows));
                         }
                     }
                 }

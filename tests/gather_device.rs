@@ -4,9 +4,9 @@
 //! (every code under every scale, NaN codes, scale 0xFF, -0, subnormals)
 //! and inserted records, wild indices; the whole output buffer (canaries
 //! around and between the rows) and the skip counts are compared. Sizes run
-//! from 1 row to past `gather::GATHER_TWO_ROWS_MIN`, and every case runs
-//! under each of `LaunchPolicy::MAPPINGS` (two of which force a row per
-//! group and two rows per group), so both launch shapes are checked at
+//! from 1 row to 9001, across `gather::GATHER_SPLIT_MAX_ROWS`, and every
+//! case runs under each of `LaunchPolicy::MAPPINGS` (two of which force a
+//! row a group and two rows a group), so every launch shape is checked at
 //! every size. A few cases also run captured in a graph and replayed, and
 //! through the raw entry point on the backend's stream, against the eager
 //! launch.
@@ -26,7 +26,7 @@ mod gather_cases;
 mod gpu_required;
 
 use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
-use dsv4_kvcache::gather::GATHER_TWO_ROWS_MIN;
+use dsv4_kvcache::gather::GATHER_SPLIT_MAX_ROWS;
 use dsv4_kvcache::{Backend, CpuBackend, LaunchPolicy, RecordLayout};
 use gather_cases::{every_code_case, every_code_scales, random_case, Case};
 
@@ -37,7 +37,7 @@ fn cases() -> Vec<Case> {
     for layout in RecordLayout::ALL {
         for table in [false, true] {
             for wild in [false, true] {
-                for n in [1usize, 16, 128, 1024, GATHER_TWO_ROWS_MIN + 809] {
+                for n in [1usize, 16, GATHER_SPLIT_MAX_ROWS, 128, 1024, 9001] {
                     seed += 1;
                     out.push(random_case(seed << 20 | n as u64, layout, table, n, wild));
                 }

@@ -16,7 +16,7 @@ mod host_kernels;
 
 use dsv4_kvcache::gather::{
     gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherPtrs,
-    GATHER_TWO_ROWS_MIN,
+    GATHER_SPLIT_MAX_ROWS,
 };
 use dsv4_kvcache::ops::SkipCounts;
 use dsv4_kvcache::{CpuBackend, DType, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc};
@@ -36,9 +36,9 @@ fn index_bytes(v: &[i64], i64: bool) -> Vec<u8> {
         .collect()
 }
 
-/// Runs `case` through the host-built kernels with the launch the host
-/// would pick (`two_rows` forced when given).
-fn run_host(exe: &PathBuf, case: &Case, two_rows: Option<bool>) -> (Vec<u8>, SkipCounts) {
+/// Runs `case` through the host-built kernels with the launch a GPU
+/// backend with `policy` would pick.
+fn run_host(exe: &PathBuf, case: &Case, policy: &LaunchPolicy) -> (Vec<u8>, SkipCounts) {
     // Buffers, in the order of the pointer fields' ids below.
     let fp8 = case.fp8_scale.unwrap_or(1.0).to_le_bytes().to_vec();
     let mut out = case.canary_out();
@@ -97,11 +97,8 @@ fn run_host(exe: &PathBuf, case: &Case, two_rows: Option<bool>) -> (Vec<u8>, Ski
         })
         .expect("the case is valid")
     };
-    let policy = LaunchPolicy {
-        gather_two_rows: two_rows,
-        ..LaunchPolicy::default()
-    };
-    let Some(launch) = gather_launch(&policy, plan.n) else {
+    let slot_form = matches!(case.form, Form::Slots { .. });
+    let Some(launch) = gather_launch(policy, plan.n, slot_form) else {
         return (out, SkipCounts::default());
     };
     let bufs: [&[u8]; 7] = [&case.cache, &slots, &table, &cu, &starts, &fp8, &out];
@@ -141,7 +138,7 @@ fn host_built_kernels_match_the_reference() {
     for layout in RecordLayout::ALL {
         for table in [false, true] {
             for wild in [false, true] {
-                for n in [1usize, 7, 130, 1500] {
+                for n in [1usize, 7, GATHER_SPLIT_MAX_ROWS, 130, 1500] {
                     seed += 1;
                     cases.push(random_case(seed << 24 | n as u64, layout, table, n, wild));
                 }
@@ -153,23 +150,43 @@ fn host_built_kernels_match_the_reference() {
             }
         }
         seed += 1;
-        cases.push(random_case(
-            seed,
-            layout,
-            false,
-            GATHER_TWO_ROWS_MIN + 3,
-            true,
-        ));
+        cases.push(random_case(seed, layout, false, 9001, true));
     }
+    // Every row mapping at every size: as measured, then each forced.
+    let m = LaunchPolicy::default();
+    let policies = [
+        ("as measured", m),
+        (
+            "two rows a group",
+            LaunchPolicy {
+                gather_two_rows: Some(true),
+                ..m
+            },
+        ),
+        (
+            "a row a group",
+            LaunchPolicy {
+                gather_split_rows: Some(false),
+                ..m
+            },
+        ),
+        (
+            "a row over two groups",
+            LaunchPolicy {
+                gather_split_rows: Some(true),
+                ..m
+            },
+        ),
+    ];
     let mut bad = 0;
     for case in &cases {
         let want = case.run(&cpu).unwrap();
-        for two_rows in [None, Some(false), Some(true)] {
-            let (out, counts) = run_host(&exe, case, two_rows);
+        for (shape, policy) in &policies {
+            let (out, counts) = run_host(&exe, case, policy);
             if out != want.out || counts != want.counts {
                 let i = out.iter().zip(&want.out).position(|(a, b)| a != b);
                 eprintln!(
-                    "MISMATCH {} (two rows {two_rows:?}): first byte {i:?}, counts {counts:?} want {:?}",
+                    "MISMATCH {} ({shape}): first byte {i:?}, counts {counts:?} want {:?}",
                     case.label, want.counts
                 );
                 bad += 1;
@@ -177,5 +194,10 @@ fn host_built_kernels_match_the_reference() {
         }
     }
     let _ = std::fs::remove_file(&exe);
-    assert_eq!(bad, 0, "{bad} of {} runs differ", 3 * cases.len());
+    assert_eq!(
+        bad,
+        0,
+        "{bad} of {} runs differ",
+        policies.len() * cases.len()
+    );
 }

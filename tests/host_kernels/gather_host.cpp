@@ -22,7 +22,7 @@ int main() {
     l.relocate(p.fp8_scale);
     l.relocate(p.out);
     typedef void (*K)(const KvGatherParams);
-#define KV_HOST_GATHER(name) {#name, name}, {#name "_slots", name##_slots}
+#define KV_HOST_GATHER(name) {#name, name}, {#name "_slots", name##_slots}, {#name "_split", name##_split}
     const std::pair<const char*, K> kernels[] = {
         KV_HOST_GATHER(kv_gather_v4_bf16),    KV_HOST_GATHER(kv_gather_v4_f32),
         KV_HOST_GATHER(kv_gather_mxfp8_bf16), KV_HOST_GATHER(kv_gather_mxfp8_f32),

@@ -61,6 +61,10 @@ KV_DEVICE unsigned kv_atomic_add_u32(unsigned* p, unsigned v) {
     *p = old + v;
     return old;
 }
+KV_DEVICE void kv_store_16_evict_first(void* p, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+    const uint32_t v[4] = {x, y, z, w};
+    memcpy(p, v, 16);
+}
 KV_DEVICE float kv_fmaf(float a, float b, float c) { return fmaf(a, b, c); }
 KV_DEVICE float kv_sqrtf(float x) { return sqrtf(x); }
 KV_DEVICE float kv_divf(float a, float b) { return a / b; }

@@ -37,7 +37,8 @@ use super::Backend;
 use crate::detect::SanitizePolicy;
 use crate::error::{Error, Result};
 use crate::gather::{
-    gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherArgs, GatherPlan,
+    gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherAddressing, GatherArgs,
+    GatherPlan,
 };
 use crate::kernel_abi::{self, Kernel, KernelParams, NUM_COUNTERS};
 use crate::launch::{Launch, LaunchPolicy};
@@ -406,7 +407,8 @@ impl<D: Driver> GpuBackend<D> {
         counters: u64,
         stream: RawStream,
     ) -> Result<()> {
-        let Some(l) = gather_launch(&self.policy, p.n) else {
+        let slots = matches!(p.addressing, GatherAddressing::Slots(_));
+        let Some(l) = gather_launch(&self.policy, p.n, slots) else {
             return Ok(());
         };
         let params = gather_params(p, &bind::gather_ptrs(t, counters), &l);
