@@ -23,12 +23,26 @@ KV_DEVICE int64_t kv_gather_cu(const KvGatherParams& p, int64_t i) {
 
 // Where output row o's record is (its cache block and row); false, after
 // counting the skip as gather_reference does, when there is none. Every
-// lane of the group computes the same; lane 0 counts. SLOTS: the kernel
-// serves the slot form only (its launches never set KV_GF_BLOCK_TABLE).
+// lane of the group computes the same; lane 0 counts. SLOTS: the slot
+// form's own kernels, whose launches have I64 slots and a power-of-two
+// page (GatherPlan::slot_kernels), so the row's address is one load, a
+// shift and a mask, with no other variant's code between the kernel's
+// start and the row's loads.
 template <bool SLOTS>
 KV_DEVICE bool kv_gather_locate(const KvGatherParams& p, int64_t o, unsigned lane, int64_t* block,
                                 int64_t* row) {
-    if (SLOTS || (p.flags & KV_GF_BLOCK_TABLE) == 0u) {
+    if (SLOTS) {
+        int64_t slot = ((const int64_t*)p.slots)[o];
+        if (slot < 0) return false;
+        if (slot >= (int64_t)p.num_blocks * p.block_size) {
+            kv_count(p.counters, KV_COUNT_SLOT, lane);
+            return false;
+        }
+        *row = slot & (int64_t)(p.block_size - 1);
+        *block = slot >> p.block_shift;
+        return true;
+    }
+    if ((p.flags & KV_GF_BLOCK_TABLE) == 0u) {
         int64_t slot = kv_load_index(p.slots, (p.flags & KV_GF_SLOT_I64) != 0u, o);
         if (slot < 0) return false;
         if (slot >= (int64_t)p.num_blocks * p.block_size) {
@@ -297,12 +311,13 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
 }
 
 // Kernel forms. GENERAL: every addressing form, one or two rows per group
-// (KV_GF_BLOCK_TABLE, KV_GF_TWO_ROWS). SLOTS: the slot form with a row per
-// group, fixed at compile time (the block-table search and the second row
-// gone, so the path to the row's loads is shorter and jumps less). SPLIT:
-// the slot form with each row split over two groups, one 16-byte unit a
-// lane (BF16), for the fewest rows, where a group's chain of conversions
-// is most of the launch (docs/tuning.md, "The reader").
+// (KV_GF_BLOCK_TABLE, KV_GF_TWO_ROWS). SLOTS: I64 slots on power-of-two
+// pages with a row per group, fixed at compile time (the block-table
+// search, the other index variants and the second row gone, so the path to
+// the row's loads is shorter and jumps less). SPLIT: the same slots with
+// each row split over two groups, one 16-byte unit a lane (BF16), for the
+// fewest rows, where a group's chain of conversions is most of the launch
+// (docs/tuning.md, "The reader").
 #define KV_GATHER_GENERAL 0
 #define KV_GATHER_SLOTS 1
 #define KV_GATHER_SPLIT 2

@@ -128,6 +128,15 @@ pub struct GatherPlan {
 }
 
 impl GatherPlan {
+    /// Whether the slot form's own kernels (`_slots`, `_split`) serve this
+    /// gather: I64 slots on a cache whose blocks hold a power of two of
+    /// rows, what vLLM and SGLang pass. Their row address is then one load,
+    /// a shift and a mask; other slot lists run the general kernels.
+    pub fn slot_kernels(&self) -> bool {
+        matches!(self.addressing, GatherAddressing::Slots(s) if s.is_i64)
+            && self.cache.block_size.is_power_of_two()
+    }
+
     /// Requests of the block-table form, else 0.
     pub fn num_reqs(&self) -> usize {
         match self.addressing {
@@ -493,15 +502,17 @@ pub enum GatherRows {
     /// for the block-table form.
     One,
     /// A row over two groups, one 16-byte output unit a lane (`_split`, the
-    /// slot form only): launches of at most [`GATHER_SPLIT_MAX_ROWS`] rows.
+    /// slot form's own kernels only): launches of at most
+    /// [`GATHER_SPLIT_MAX_ROWS`] rows.
     Split,
 }
 
 /// The gather kernel for a layout, output type, addressing form and row
-/// mapping. The slot form has kernels of its own for a row a group
+/// mapping. The slot form has kernels of its own (`slots`: I64 slots on
+/// power-of-two pages, [`GatherPlan::slot_kernels`]) for a row a group
 /// (`_slots`: neither the block-table search nor the second row, so a
 /// launch reaches its loads sooner) and a row over two groups (`_split`);
-/// the general kernels serve both forms with one or two rows a group
+/// the general kernels serve every form with one or two rows a group
 /// (`KV_GF_BLOCK_TABLE`, `KV_GF_TWO_ROWS`).
 pub fn gather_kernel(layout: RecordLayout, out_f32: bool, slots: bool, rows: GatherRows) -> Kernel {
     use Kernel::*;
@@ -541,10 +552,10 @@ pub fn gather_kernel(layout: RecordLayout, out_f32: bool, slots: bool, rows: Gat
     table[l][usize::from(out_f32)]
 }
 
-/// The kernel that runs `launch` of plan `p` ([`gather_kernel`]).
+/// The kernel that runs `launch` of plan `p` ([`gather_kernel`]; the slot
+/// form's own where [`GatherPlan::slot_kernels`]).
 pub fn gather_launch_kernel(p: &GatherPlan, launch: &GatherLaunch) -> Kernel {
-    let slots = matches!(p.addressing, GatherAddressing::Slots(_));
-    gather_kernel(p.cache.layout, p.out_f32, slots, launch.rows)
+    gather_kernel(p.cache.layout, p.out_f32, p.slot_kernels(), launch.rows)
 }
 
 /// Flag bits of [`GatherParams::flags`] (`KV_GF_*` in kv_abi.h); bits
@@ -607,12 +618,12 @@ pub struct GatherLaunch {
     pub rows: GatherRows,
 }
 
-/// The launch for `n` rows in the slot form (`slots`) or the block-table
-/// form under `policy`: a row a group, two where
-/// [`LaunchPolicy::gather_two_rows`] forces it, and a row over two groups
-/// for slot-form launches of at most [`GATHER_SPLIT_MAX_ROWS`] rows (or as
-/// [`LaunchPolicy::gather_split_rows`] forces). `None` when there is
-/// nothing to launch.
+/// The launch for `n` rows under `policy`, `slots` when the slot form's own
+/// kernels serve it ([`GatherPlan::slot_kernels`]): a row a group, two
+/// where [`LaunchPolicy::gather_two_rows`] forces it, and a row over two
+/// groups for slot-kernel launches of at most [`GATHER_SPLIT_MAX_ROWS`]
+/// rows (or as [`LaunchPolicy::gather_split_rows`] forces). `None` when
+/// there is nothing to launch.
 pub fn gather_launch(policy: &LaunchPolicy, n: usize, slots: bool) -> Option<GatherLaunch> {
     if n == 0 {
         return None;

@@ -194,7 +194,7 @@ fn every_code_with_every_scale() {
     for layout in RecordLayout::ALL {
         for out_f32 in [false, true] {
             for &s in every_code_scales(layout) {
-                let case = every_code_case(layout, out_f32, s);
+                let case = every_code_case(layout, out_f32, s, true);
                 check(&case, &case.run(&cpu).unwrap());
             }
         }

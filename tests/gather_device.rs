@@ -45,7 +45,9 @@ fn cases() -> Vec<Case> {
         }
         for out_f32 in [false, true] {
             for &s in every_code_scales(layout) {
-                out.push(every_code_case(layout, out_f32, s));
+                for i64 in [false, true] {
+                    out.push(every_code_case(layout, out_f32, s, i64));
+                }
             }
         }
     }

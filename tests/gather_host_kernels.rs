@@ -38,7 +38,11 @@ fn index_bytes(v: &[i64], i64: bool) -> Vec<u8> {
 
 /// Runs `case` through the host-built kernels with the launch a GPU
 /// backend with `policy` would pick.
-fn run_host(exe: &PathBuf, case: &Case, policy: &LaunchPolicy) -> (Vec<u8>, SkipCounts) {
+fn run_host(
+    exe: &PathBuf,
+    case: &Case,
+    policy: &LaunchPolicy,
+) -> (Vec<u8>, SkipCounts, Option<&'static str>) {
     // Buffers, in the order of the pointer fields' ids below.
     let fp8 = case.fp8_scale.unwrap_or(1.0).to_le_bytes().to_vec();
     let mut out = case.canary_out();
@@ -97,9 +101,8 @@ fn run_host(exe: &PathBuf, case: &Case, policy: &LaunchPolicy) -> (Vec<u8>, Skip
         })
         .expect("the case is valid")
     };
-    let slot_form = matches!(case.form, Form::Slots { .. });
-    let Some(launch) = gather_launch(policy, plan.n, slot_form) else {
-        return (out, SkipCounts::default());
+    let Some(launch) = gather_launch(policy, plan.n, plan.slot_kernels()) else {
+        return (out, SkipCounts::default(), None);
     };
     let bufs: [&[u8]; 7] = [&case.cache, &slots, &table, &cu, &starts, &fp8, &out];
     let id = host_kernels::buffer_ptr;
@@ -123,7 +126,7 @@ fn run_host(exe: &PathBuf, case: &Case, policy: &LaunchPolicy) -> (Vec<u8>, Skip
         &launch.geometry,
         &case.label,
     );
-    (run.bufs.swap_remove(6), run.counts)
+    (run.bufs.swap_remove(6), run.counts, Some(kernel.name()))
 }
 
 #[test]
@@ -146,7 +149,9 @@ fn host_built_kernels_match_the_reference() {
         }
         for out_f32 in [false, true] {
             for &s in every_code_scales(layout) {
-                cases.push(every_code_case(layout, out_f32, s));
+                for i64 in [false, true] {
+                    cases.push(every_code_case(layout, out_f32, s, i64));
+                }
             }
         }
         seed += 1;
@@ -179,10 +184,12 @@ fn host_built_kernels_match_the_reference() {
         ),
     ];
     let mut bad = 0;
+    let mut ran = std::collections::BTreeSet::new();
     for case in &cases {
         let want = case.run(&cpu).unwrap();
         for (shape, policy) in &policies {
-            let (out, counts) = run_host(&exe, case, policy);
+            let (out, counts, kernel) = run_host(&exe, case, policy);
+            ran.extend(kernel);
             if out != want.out || counts != want.counts {
                 let i = out.iter().zip(&want.out).position(|(a, b)| a != b);
                 eprintln!(

@@ -561,15 +561,16 @@ pub fn random_case(seed: u64, layout: RecordLayout, table: bool, n: usize, wild:
 }
 
 /// 512 adversarial records (every scale byte meets every value byte) read
-/// in reverse slot order; FP8 rows under `fp8_scale`.
-pub fn every_code_case(layout: RecordLayout, out_f32: bool, fp8_scale: f32) -> Case {
+/// in reverse slot order, the slots I64 (the slot form's own kernels) or
+/// I32 (the general ones); FP8 rows under `fp8_scale`.
+pub fn every_code_case(layout: RecordLayout, out_f32: bool, fp8_scale: f32, i64: bool) -> Case {
     let mut rng = Rng::new(layout.id() as u64);
     let (blocks, bs) = (8, 64);
     let desc = cache_desc(layout, blocks, bs, 0, false);
     let cache = fill_cache(&mut rng, layout, &desc, Fill::Adversarial);
     Case {
         label: format!(
-            "{} every code, F32 {out_f32}, fp8_scale {fp8_scale}",
+            "{} every code, F32 {out_f32}, fp8_scale {fp8_scale}, I64 slots {i64}",
             layout.name()
         ),
         layout,
@@ -580,7 +581,7 @@ pub fn every_code_case(layout: RecordLayout, out_f32: bool, fp8_scale: f32) -> C
         fp8_scale: (layout == RecordLayout::Fp8Rows).then_some(fp8_scale),
         form: Form::Slots {
             slots: (0..(blocks * bs) as i64).rev().collect(),
-            i64: false,
+            i64,
         },
         out_f32,
         out_rows: blocks * bs,

@@ -37,8 +37,7 @@ use super::Backend;
 use crate::detect::SanitizePolicy;
 use crate::error::{Error, Result};
 use crate::gather::{
-    gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherAddressing, GatherArgs,
-    GatherPlan,
+    gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherArgs, GatherPlan,
 };
 use crate::kernel_abi::{self, Kernel, KernelParams, NUM_COUNTERS};
 use crate::launch::{Launch, LaunchPolicy};
@@ -407,8 +406,7 @@ impl<D: Driver> GpuBackend<D> {
         counters: u64,
         stream: RawStream,
     ) -> Result<()> {
-        let slots = matches!(p.addressing, GatherAddressing::Slots(_));
-        let Some(l) = gather_launch(&self.policy, p.n, slots) else {
+        let Some(l) = gather_launch(&self.policy, p.n, p.slot_kernels()) else {
             return Ok(());
         };
         let params = gather_params(p, &bind::gather_ptrs(t, counters), &l);
