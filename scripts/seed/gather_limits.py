@@ -5,6 +5,9 @@ harness (scripts/graph_timing.py).
     python scripts/seed/gather_limits.py few     # N = 1..1024: marginal launch times
     python scripts/seed/gather_limits.py bulk    # read : write mixes, then N = 8192, 65536, against the copy
 
+GATHER_LIMITS_N, GATHER_LIMITS_LAYOUTS and GATHER_LIMITS_BS (rows a cache
+block, 64) choose the cases.
+
 "few": for each N, the marginal time of one launch in a graph ((time of
 HI launches - time of LO launches) / (HI - LO), where the graph's
 per-replay cost drops out) of ours, the straightforward Triton gather of
@@ -34,7 +37,9 @@ sys.path.insert(0, HERE)
 from graph_timing import graph_us  # noqa: E402
 from gather_baseline import KERNELS, make_cache  # noqa: E402
 
-BS = 64
+# Rows a cache block (the Triton comparison's; the Rust bench's caches
+# have 16).
+BS = int(os.environ.get("GATHER_LIMITS_BS", "64"))
 # Layout: record bytes a row, value bytes, scale bytes (0: unpaged rows).
 GEOMETRY = {"v4": (584, 576, 8), "mxfp8": (528, 512, 16), "nvfp4": (288, 256, 32), "bf16": (1024, 1024, 0),
             "fp8": (512, 512, 0)}
@@ -90,7 +95,7 @@ def written_cache(layout, rows, dev):
 def few(dev):
     print("| layout | N | ours | Triton gather | touch | empty | ours, 20 a graph | Triton, 20 a graph |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for layout in ["mxfp8", "nvfp4", "v4", "bf16", "fp8"]:
+    for layout in os.environ.get("GATHER_LIMITS_LAYOUTS", "mxfp8,nvfp4,v4,bf16,fp8").split(","):
         for n in [int(x) for x in os.environ.get("GATHER_LIMITS_N", "1,16,128,1024").split(",")]:
             rows = max(n, BS) * 2
             rows += (-rows) % BS
