@@ -71,18 +71,24 @@ BS = 64
 LAUNCHES, REPLAYS = 20, 50
 
 
+def write_records(c, rows, dev, fp8_scale=None):
+    """Every one of cache c's rows the record of a normally distributed
+    latent (rope_quant_insert, CR 1, a real RoPE table)."""
+    g = torch.Generator(device=dev).manual_seed(rows)
+    latent = torch.randn(rows, 512, device=dev, generator=g).to(torch.bfloat16)
+    pos = torch.arange(rows, device=dev, dtype=torch.int64)
+    theta = 10000.0 ** (-2.0 * torch.arange(32, dtype=torch.float64) / 64.0)
+    ang = torch.arange(rows, dtype=torch.float64)[:, None] * theta[None, :]
+    cos_sin = torch.cat([ang.cos(), ang.sin()], 1).to(torch.float32).to(dev)
+    kv.rope_quant_insert(latent, pos, cos_sin, c, pos, 1, fp8_scale)
+
+
 def make_cache(layout, rows, dev, written):
     w, v, sb = KERNELS[layout][1:]
     blocks = rows // BS
     c = torch.randint(0, 256, (blocks, BS, w), dtype=torch.uint8, device=dev)
     if written:
-        g = torch.Generator(device=dev).manual_seed(rows)
-        latent = torch.randn(rows, 512, device=dev, generator=g).to(torch.bfloat16)
-        pos = torch.arange(rows, device=dev, dtype=torch.int64)
-        theta = 10000.0 ** (-2.0 * torch.arange(32, dtype=torch.float64) / 64.0)
-        ang = torch.arange(rows, dtype=torch.float64)[:, None] * theta[None, :]
-        cos_sin = torch.cat([ang.cos(), ang.sin()], 1).to(torch.float32).to(dev)
-        kv.rope_quant_insert(latent, pos, cos_sin, c, pos, 1)
+        write_records(c, rows, dev)
         return c
     flat = c.view(blocks, -1)
     if layout == "mxfp8":

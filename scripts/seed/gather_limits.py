@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from graph_timing import graph_us  # noqa: E402
-from gather_baseline import KERNELS, make_cache  # noqa: E402
+from gather_baseline import KERNELS, write_records  # noqa: E402
 
 # Rows a cache block (the Triton comparison's; the Rust bench's caches
 # have 16).
@@ -81,14 +81,8 @@ def written_cache(layout, rows, dev):
     dtype = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}.get(layout, torch.uint8)
     elems = w if dtype == torch.uint8 else 512
     c = torch.zeros(rows // BS, BS, elems, dtype=dtype, device=dev)
-    g = torch.Generator(device=dev).manual_seed(rows)
-    latent = torch.randn(rows, 512, device=dev, generator=g).to(torch.bfloat16)
-    pos = torch.arange(rows, device=dev, dtype=torch.int64)
-    theta = 10000.0 ** (-2.0 * torch.arange(32, dtype=torch.float64) / 64.0)
-    ang = torch.arange(rows, dtype=torch.float64)[:, None] * theta[None, :]
-    cos_sin = torch.cat([ang.cos(), ang.sin()], 1).to(torch.float32).to(dev)
     scale = torch.tensor([0.37], device=dev) if layout == "fp8" else None
-    kv.rope_quant_insert(latent, pos, cos_sin, c, pos, 1, scale)
+    write_records(c, rows, dev, scale)
     return c, scale
 
 
