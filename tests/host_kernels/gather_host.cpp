@@ -21,17 +21,7 @@ int main() {
     l.relocate(p.seq_starts);
     l.relocate(p.fp8_scale);
     l.relocate(p.out);
-    typedef void (*K)(const KvGatherParams);
-#define KV_HOST_GATHER(name) {#name, name}, {#name "_slots", name##_slots}, {#name "_split", name##_split}
-    const std::pair<const char*, K> kernels[] = {
-        KV_HOST_GATHER(kv_gather_v4_bf16),    KV_HOST_GATHER(kv_gather_v4_f32),
-        KV_HOST_GATHER(kv_gather_mxfp8_bf16), KV_HOST_GATHER(kv_gather_mxfp8_f32),
-        KV_HOST_GATHER(kv_gather_nvfp4_bf16), KV_HOST_GATHER(kv_gather_nvfp4_f32),
-        KV_HOST_GATHER(kv_gather_bf16_bf16),  KV_HOST_GATHER(kv_gather_bf16_f32),
-        KV_HOST_GATHER(kv_gather_fp8_bf16),   KV_HOST_GATHER(kv_gather_fp8_f32),
-    };
-#undef KV_HOST_GATHER
-    K k = l.find(kernels);
+    KvHostLaunch<KvGatherParams>::Kernel k = l.function();
     kv_host_bdim = l.block;
     kv_host_gdim = l.grid;
     for (kv_host_bid = 0; kv_host_bid < l.grid; ++kv_host_bid)

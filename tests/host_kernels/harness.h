@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 static void kv_host_read(void* p, size_t n) {
@@ -16,6 +17,16 @@ static void kv_host_read(void* p, size_t n) {
         fprintf(stderr, "short input\n");
         exit(2);
     }
+}
+
+// A kernel of kv_abi.h's list as a function taking P, or null when its
+// parameter block is another.
+template <class P, class Q>
+void (*kv_host_as(void (*k)(const Q)))(const P) {
+    if constexpr (std::is_same<P, Q>::value)
+        return k;
+    else
+        return nullptr;
 }
 
 // A launch as read from stdin, its parameter block of type P.
@@ -57,12 +68,17 @@ struct KvHostLaunch {
         field = (T*)(bufs.at(id).data() + off);
     }
 
-    // The kernel of that name in a table of {name, function}; exits if none.
-    template <class K, size_t N>
-    K find(const std::pair<const char*, K> (&table)[N]) const {
-        for (auto& e : table)
-            if (kernel == e.first) return e.second;
-        fprintf(stderr, "no host-run kernel %s\n", kernel.c_str());
+    typedef void (*Kernel)(const P);
+
+    // The kernel of that name among those of kv_abi.h's list (KV_KERNELS)
+    // that take P; exits if none.
+    Kernel function() const {
+#define KV_HOST_ENTRY(name, Params) {#name, kv_host_as<P>(name)},
+        const std::pair<const char*, Kernel> all[] = {KV_KERNELS(KV_HOST_ENTRY)};
+#undef KV_HOST_ENTRY
+        for (auto& e : all)
+            if (e.second != nullptr && kernel == e.first) return e.second;
+        fprintf(stderr, "no host-run kernel %s taking this parameter block\n", kernel.c_str());
         exit(2);
     }
 

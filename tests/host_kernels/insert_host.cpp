@@ -64,18 +64,7 @@ int main() {
     in.relocate(p.cos_sin);
     in.relocate(p.cache);
     in.relocate(p.fp8_scale);
-    typedef void (*K)(const KvInsertParams);
-    const std::pair<const char*, K> kernels[] = {
-        {"kv_insert_v4", kv_insert_v4},
-        {"kv_insert_mxfp8", kv_insert_mxfp8},
-        {"kv_insert_nvfp4", kv_insert_nvfp4},
-        {"kv_insert_bf16", kv_insert_bf16},
-        {"kv_insert_fp8", kv_insert_fp8},
-        {"kv_insert_nvfp4_tiles", kv_insert_nvfp4_tiles},
-        {"kv_insert_bf16_tiles", kv_insert_bf16_tiles},
-        {"kv_insert_fp8_tiles", kv_insert_fp8_tiles},
-    };
-    K k = in.find(kernels);
+    KvHostLaunch<KvInsertParams>::Kernel k = in.function();
     const unsigned grid = in.grid, block = in.block;
     kv_host_bdim = block;
     kv_host_gdim = grid;
