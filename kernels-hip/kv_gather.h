@@ -21,27 +21,29 @@ KV_DEVICE int64_t kv_gather_cu(const KvGatherParams& p, int64_t i) {
     return kv_load_index(p.cu_seq_lens, (p.flags & KV_GF_CU_I64) != 0u, i);
 }
 
-// Where output row o's record is (its cache block and row); false, after
-// counting the skip as gather_reference does, when there is none. Every
-// lane of the group computes the same; lane 0 counts. SLOTS: the slot
-// form's own kernels, whose launches have I64 slots and a power-of-two
-// page (GatherPlan::slot_kernels), so the row's address is one load, a
-// shift and a mask, with no other variant's code between the kernel's
-// start and the row's loads.
-template <bool SLOTS>
-KV_DEVICE bool kv_gather_locate(const KvGatherParams& p, int64_t o, unsigned lane, int64_t* block,
-                                int64_t* row) {
-    if (SLOTS) {
-        int64_t slot = ((const int64_t*)p.slots)[o];
-        if (slot < 0) return false;
-        if (slot >= (int64_t)p.num_blocks * p.block_size) {
-            kv_count(p.counters, KV_COUNT_SLOT, lane);
-            return false;
-        }
-        *row = slot & (int64_t)(p.block_size - 1);
-        *block = slot >> p.block_shift;
-        return true;
-    }
+// The slot kernels' row location (I64 slots, a power-of-two page and a
+// cache of at least one block: GatherPlan::slot_kernels), without a
+// branch, so that the row's loads leave right after its slot's: a group
+// past the last row reads the last slot, and a slot outside the cache
+// locates row 0 of block 0. Whether row o is written (the return) and
+// whether its slot is beyond the cache (*missed, counted by the caller
+// after the loads) are settled beside them.
+KV_DEVICE bool kv_gather_locate_slot(const KvGatherParams& p, int64_t o, int64_t* block, int64_t* row,
+                                     bool* missed) {
+    const int64_t last = (int64_t)p.n - 1;
+    const int64_t slot = ((const int64_t*)p.slots)[o < last ? o : last];
+    const bool in = (uint64_t)slot < (uint64_t)((int64_t)p.num_blocks * p.block_size);
+    *block = in ? slot >> p.block_shift : 0;
+    *row = in ? slot & (int64_t)(p.block_size - 1) : 0;
+    *missed = o < p.n && slot >= 0 && !in;
+    return o < p.n && in;
+}
+
+// Where output row o's record is (its cache block and row), for the
+// general kernels; false, after counting the skip as gather_reference
+// does, when there is none. Every lane of the group computes the same;
+// lane 0 counts.
+KV_DEVICE bool kv_gather_locate(const KvGatherParams& p, int64_t o, unsigned lane, int64_t* block, int64_t* row) {
     if ((p.flags & KV_GF_BLOCK_TABLE) == 0u) {
         int64_t slot = kv_load_index(p.slots, (p.flags & KV_GF_SLOT_I64) != 0u, o);
         if (slot < 0) return false;
@@ -203,9 +205,9 @@ KV_DEVICE float kv_gather_finite_value(const uint32_t w[4], int k, uint32_t sc, 
 template <int LAYOUT, bool F32>
 KV_DEVICE bool kv_gather_exact(const uint32_t w[4], uint32_t sc) {
     if (LAYOUT != KV_LAYOUT_V4 && LAYOUT != KV_LAYOUT_MXFP8) return false;
-    bool nan = kv_e4m3_nan_in_word(w[0]);
-    if (!F32) nan = nan || kv_e4m3_nan_in_word(w[1]);
-    return !nan && sc - 3u <= 131u;
+    // One test of both words (| rather than ||: no branch between them).
+    bool nan = F32 ? kv_e4m3_nan_in_word(w[0]) : kv_e4m3_nan_in_word(w[0]) | kv_e4m3_nan_in_word(w[1]);
+    return !nan & (sc - 3u <= 131u);
 }
 
 // Whether no product of a code unit is a NaN, so that the NaN selects can
@@ -214,10 +216,9 @@ KV_DEVICE bool kv_gather_exact(const uint32_t w[4], uint32_t sc) {
 template <int LAYOUT, bool F32>
 KV_DEVICE bool kv_gather_finite(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8) {
     if (LAYOUT == KV_LAYOUT_NVFP4) return (sc & 0x7fu) != 0x7fu;
-    bool nan = kv_e4m3_nan_in_word(w[0]);
-    if (!F32) nan = nan || kv_e4m3_nan_in_word(w[1]);
-    if (LAYOUT == KV_LAYOUT_FP8) return !nan && fp8.fast;
-    return !nan && sc != 255u;
+    bool nan = F32 ? kv_e4m3_nan_in_word(w[0]) : kv_e4m3_nan_in_word(w[0]) | kv_e4m3_nan_in_word(w[1]);
+    if (LAYOUT == KV_LAYOUT_FP8) return !nan & fp8.fast;
+    return !nan & (sc != 255u);
 }
 
 KV_DEVICE kv_u32x4 kv_u32x4_of(const uint32_t o[4]) {
@@ -229,6 +230,68 @@ KV_DEVICE kv_u32x4 kv_u32x4_of(const uint32_t o[4]) {
     return v;
 }
 
+// A code unit's BF16 words on its common path, and whether they are its
+// values (the path's domain): V4 and MXFP8 by the exact shortcut
+// (kv_gather_exact), NVFP4 and FP8 rows by the finite path
+// (kv_gather_finite). The words come before the test and do not wait on
+// it, so that a written cache's unit meets no branch until it is done.
+template <int LAYOUT>
+KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
+    if (LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) {
+        // A word's even codes (bytes 0 and 2) and odd codes (1 and 3) each
+        // scaled by one pair multiplication, then interleaved.
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            uint32_t even = kv_e4m3x2_scaled_pow2_bf16x2(w[k], sc);
+            uint32_t odd = kv_e4m3x2_scaled_pow2_bf16x2(w[k] >> 8, sc);
+            o[2 * k] = kv_pack_lo16(even, odd);
+            o[2 * k + 1] = kv_pack_hi16(even, odd);
+        }
+        return kv_gather_exact<LAYOUT, false>(w, sc);
+    }
+    if (LAYOUT == KV_LAYOUT_NVFP4) {
+        // Every NVFP4 product is exact in BF16 (formats.rs,
+        // reader_shortcuts_are_exact): codes j and j + 4 by pair
+        // multiplications, then interleaved.
+        uint32_t s = kv_f2u(kv_e4m3_to_f32(sc)) >> 16;
+        uint32_t r[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r[j] = kv_e2m1x2_scaled_bf16x2(w[0] >> (4 * j), s | (s << 16));
+        o[0] = kv_pack_lo16(r[0], r[1]);
+        o[1] = kv_pack_lo16(r[2], r[3]);
+        o[2] = kv_pack_hi16(r[0], r[1]);
+        o[3] = kv_pack_hi16(r[2], r[3]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            o[k] = kv_bf16x2_from_f32_nonnan(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, 0.0f, fp8),
+                                             kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, 0.0f, fp8));
+    }
+    return kv_gather_finite<LAYOUT, false>(w, sc, fp8);
+}
+
+// A code unit's BF16 words outside its common path's domain: V4 and MXFP8
+// by the finite path where no product is a NaN, else every layout by the
+// definition, each value rounded as any pair (a NaN to some NaN) and every
+// NaN half then made the canonical one (kv_bf16_from_f32 of each value).
+template <int LAYOUT>
+KV_DEVICE void kv_gather_codes_bf16_rest(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
+    if ((LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) && kv_gather_finite<LAYOUT, false>(w, sc, fp8)) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            o[k] = kv_bf16x2_from_f32_nonnan(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, 0.0f, fp8),
+                                             kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, 0.0f, fp8));
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        float a, b;
+        kv_bf16_round_pair_any_nan(kv_gather_value<LAYOUT>(w, 2 * k, sc, fp8.scale),
+                                   kv_gather_value<LAYOUT>(w, 2 * k + 1, sc, fp8.scale), &a, &b);
+        o[k] = kv_bf16x2_canonical((kv_f2u(a) >> 16) | (kv_f2u(b) & 0xffff0000u));
+    }
+}
+
 // One unit's 16 output bytes as words.
 template <int LAYOUT, bool F32>
 KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int d0, const KvGatherFp8& fp8) {
@@ -236,8 +299,8 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
     if (kv_gather_unit_is_bf16<LAYOUT>(d0)) {
         // BF16 in the record: kept (widened for F32), except that a NaN
         // becomes the canonical one.
-        bool nan = kv_bf16_nan_in_word(w[0]) || kv_bf16_nan_in_word(w[1]);
-        if (!F32) nan = nan || kv_bf16_nan_in_word(w[2]) || kv_bf16_nan_in_word(w[3]);
+        bool nan = kv_bf16_nan_in_word(w[0]) | kv_bf16_nan_in_word(w[1]);
+        if (!F32) nan = nan | kv_bf16_nan_in_word(w[2]) | kv_bf16_nan_in_word(w[3]);
         if (!nan) {
             // Almost every unit: the words themselves (widened for F32).
 #pragma unroll
@@ -248,64 +311,25 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
         for (int k = 0; k < (F32 ? 4 : 8); ++k) {
             uint32_t h = (w[k / 2] >> (16 * (k % 2))) & 0xffffu;
             if (F32) {
-                o[k] = nan ? kv_f32_canonical(kv_bf16_to_f32((uint16_t)h)) : h << 16;
+                o[k] = kv_f32_canonical(kv_bf16_to_f32((uint16_t)h));
             } else if (k % 2 == 0) {
-                o[k / 2] = nan ? kv_bf16_canonical(h) : h;
+                o[k / 2] = kv_bf16_canonical(h);
             } else {
-                o[k / 2] |= (nan ? kv_bf16_canonical(h) : h) << 16;
+                o[k / 2] |= kv_bf16_canonical(h) << 16;
             }
         }
-    } else if (kv_gather_exact<LAYOUT, F32>(w, sc)) {
-        if (F32) {
+    } else if (!F32) {
+        if (!kv_gather_codes_bf16_common<LAYOUT>(w, sc, fp8, o)) kv_gather_codes_bf16_rest<LAYOUT>(w, sc, fp8, o);
+    } else if (kv_gather_exact<LAYOUT, true>(w, sc)) {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_e4m3_scaled_pow2(kv_gather_code<LAYOUT>(w, k), sc));
-        } else {
-            // A word's even codes (bytes 0 and 2) and odd codes (1 and 3)
-            // each scaled by one pair multiplication, then interleaved.
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                uint32_t even = kv_e4m3x2_scaled_pow2_bf16x2(w[k], sc);
-                uint32_t odd = kv_e4m3x2_scaled_pow2_bf16x2(w[k] >> 8, sc);
-                o[2 * k] = kv_pack_lo16(even, odd);
-                o[2 * k + 1] = kv_pack_hi16(even, odd);
-            }
-        }
-    } else if (kv_gather_finite<LAYOUT, F32>(w, sc, fp8)) {
+        for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_e4m3_scaled_pow2(kv_gather_code<LAYOUT>(w, k), sc));
+    } else if (kv_gather_finite<LAYOUT, true>(w, sc, fp8)) {
         float ns = LAYOUT == KV_LAYOUT_NVFP4 ? kv_e4m3_to_f32(sc) : 0.0f;
-        if (F32) {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_gather_finite_value<LAYOUT>(w, k, sc, ns, fp8));
-        } else if (LAYOUT == KV_LAYOUT_NVFP4) {
-            // Every NVFP4 product is exact in BF16 (formats.rs,
-            // reader_shortcuts_are_exact): codes j and j + 4 by pair
-            // multiplications, then interleaved.
-            uint32_t s = kv_f2u(ns) >> 16;
-            uint32_t r[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) r[j] = kv_e2m1x2_scaled_bf16x2(w[0] >> (4 * j), s | (s << 16));
-            o[0] = kv_pack_lo16(r[0], r[1]);
-            o[1] = kv_pack_lo16(r[2], r[3]);
-            o[2] = kv_pack_hi16(r[0], r[1]);
-            o[3] = kv_pack_hi16(r[2], r[3]);
-        } else {
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                o[k] = kv_bf16x2_from_f32_nonnan(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, ns, fp8),
-                                                 kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, ns, fp8));
-        }
-    } else if (F32) {
+        for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_gather_finite_value<LAYOUT>(w, k, sc, ns, fp8));
+    } else {
 #pragma unroll
         for (int k = 0; k < 4; ++k) o[k] = kv_f32_canonical(kv_gather_value<LAYOUT>(w, k, sc, fp8.scale));
-    } else {
-        // Rounded as any pair (a NaN to some NaN), then every NaN half made
-        // the canonical one: kv_bf16_from_f32 of each value.
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            float a, b;
-            kv_bf16_round_pair_any_nan(kv_gather_value<LAYOUT>(w, 2 * k, sc, fp8.scale),
-                                       kv_gather_value<LAYOUT>(w, 2 * k + 1, sc, fp8.scale), &a, &b);
-            o[k] = kv_bf16x2_canonical((kv_f2u(a) >> 16) | (kv_f2u(b) & 0xffff0000u));
-        }
     }
     return kv_u32x4_of(o);
 }
@@ -313,8 +337,9 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
 // Kernel forms. GENERAL: every addressing form, one or two rows per group
 // (KV_GF_BLOCK_TABLE, KV_GF_TWO_ROWS). SLOTS: I64 slots on power-of-two
 // pages with a row per group, fixed at compile time (the block-table
-// search, the other index variants and the second row gone, so the path to
-// the row's loads is shorter and jumps less). SPLIT: the same slots with
+// search, the other index variants and the second row gone, and the row
+// located without a branch, kv_gather_locate_slot, so the path to the
+// row's loads is short and straight). SPLIT: the same slots with
 // each row split over two groups, one 16-byte unit a lane (BF16), for the
 // fewest rows, where a group's chain of conversions is most of the launch
 // (docs/tuning.md, "The reader").
@@ -351,38 +376,47 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
     const KvGatherFp8 fp8 = kv_fp8_rows_multiplier(LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f);
 
     bool ok[2];
+    bool missed = false;
     const uint8_t* values[2];
     const uint8_t* scales[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         int64_t o = first + r;
         int64_t block = 0, row = 0;
-        ok[r] = (r == 0 || two) && o < p.n &&
-                kv_gather_locate<FORM != KV_GATHER_GENERAL>(p, o, lane, &block, &row);
+        if (FORM != KV_GATHER_GENERAL)
+            ok[r] = r == 0 && kv_gather_locate_slot(p, o, &block, &row, &missed);
+        else
+            ok[r] = (r == 0 || two) && o < p.n && kv_gather_locate(p, o, lane, &block, &row);
         const uint8_t* page = p.cache + block * p.block_stride;
         values[r] = PAGED ? page + row * V : page + row * p.row_stride;
         scales[r] = page + (int64_t)p.block_size * V + row * S;
     }
 
+    // 16-byte units: 8 BF16 or 4 F32 elements.
+    kv_u32x4* out[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) out[r] = (kv_u32x4*)((uint8_t*)p.out + (first + r) * p.out_row_stride * (F32 ? 4 : 2)) + lane;
+
     uint32_t w[2][STEPS][4];
     uint32_t sc[2][STEPS];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        if (!ok[r]) continue;
+        // The slot kernels load their row whether or not it is written.
+        if (FORM == KV_GATHER_GENERAL ? !ok[r] : r == 1) continue;
 #pragma unroll
         for (int s = 0; s < STEPS; ++s)
             kv_gather_load_unit<LAYOUT, F32>(values[r], scales[r], DIMS * (int)(lane + ROW_LANES * s), w[r][s],
                                              &sc[r][s]);
     }
+    if (missed) kv_count(p.counters, KV_COUNT_SLOT, lane);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (!ok[r]) continue;
-        // 16-byte units: 8 BF16 or 4 F32 elements.
-        kv_u32x4* out = (kv_u32x4*)((uint8_t*)p.out + (first + r) * p.out_row_stride * (F32 ? 4 : 2));
 #pragma unroll
         for (int s = 0; s < STEPS; ++s) {
             int u = (int)lane + ROW_LANES * s;
-            kv_gather_store<LAYOUT>(out + u, kv_gather_convert_unit<LAYOUT, F32>(w[r][s], sc[r][s], DIMS * u, fp8));
+            kv_gather_store<LAYOUT>(out[r] + ROW_LANES * s,
+                                    kv_gather_convert_unit<LAYOUT, F32>(w[r][s], sc[r][s], DIMS * u, fp8));
         }
     }
 }

@@ -129,11 +129,14 @@ pub struct GatherPlan {
 
 impl GatherPlan {
     /// Whether the slot form's own kernels (`_slots`, `_split`) serve this
-    /// gather: I64 slots on a cache whose blocks hold a power of two of
-    /// rows, what vLLM and SGLang pass. Their row address is then one load,
-    /// a shift and a mask; other slot lists run the general kernels.
+    /// gather: I64 slots on a cache of at least one block whose blocks hold
+    /// a power of two of rows, what vLLM and SGLang pass. Their row address
+    /// is then one load, a shift and a mask, and a row whose slot is
+    /// outside the cache loads row 0 of block 0 before it is skipped (no
+    /// branch before the loads); other slot lists run the general kernels.
     pub fn slot_kernels(&self) -> bool {
         matches!(self.addressing, GatherAddressing::Slots(s) if s.is_i64)
+            && self.cache.blocks > 0
             && self.cache.block_size.is_power_of_two()
     }
 

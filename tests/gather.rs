@@ -454,6 +454,41 @@ fn out_of_range_slots_write_nothing_and_are_counted() {
     }
 }
 
+/// A cache of no blocks: every slot is outside it, and the slot kernels,
+/// which load a skipped row's record from block 0, do not serve it.
+#[test]
+fn an_empty_cache_skips_every_slot_and_keeps_the_checked_kernels() {
+    use dsv4_kvcache::gather::plan_gather;
+    let slots: Vec<u8> = [0i64, 3, -1].iter().flat_map(|x| x.to_le_bytes()).collect();
+    for blocks in [0usize, 1] {
+        let cache = vec![0u8; blocks * 4 * 528];
+        let canary: Vec<u8> = (0..3 * DIM * 2).map(canary_byte).collect();
+        let mut out = canary.clone();
+        let args = GatherArgs {
+            kv_cache: Tensor::new(&cache, TensorDesc::contiguous(DType::U8, &[blocks, 4, 528])),
+            index: GatherIndex::Slots {
+                slot_mapping: Tensor::new(&slots, TensorDesc::contiguous(DType::I64, &[3])),
+            },
+            fp8_scale: None,
+            out: TensorMut::new(&mut out, TensorDesc::contiguous(DType::BF16, &[3, DIM])),
+        };
+        assert_eq!(
+            plan_gather(&args).unwrap().slot_kernels(),
+            blocks > 0,
+            "{blocks} blocks"
+        );
+        let cpu = CpuBackend::new();
+        cpu.gather_dequant(args).unwrap();
+        let counts = cpu.take_skip_counts().unwrap();
+        if blocks == 0 {
+            assert_eq!(counts.slot_out_of_range, 2);
+            assert_eq!(out, canary);
+        } else {
+            assert_eq!(counts.total(), 0);
+        }
+    }
+}
+
 // ---- validation -----------------------------------------------------------
 
 /// Valid arguments' pieces: an MXFP8 cache of 4 x 4, three slots, a
