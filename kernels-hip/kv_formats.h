@@ -198,11 +198,29 @@ KV_DEVICE uint32_t kv_pack_hi16(uint32_t a, uint32_t b) {
 // kv_e4m3_scaled_pow2 of the codes in bits 0..7 and 16..23 of p (its other
 // bits ignored) as a BF16 pair: the codes' bits under BF16's are their
 // values times 2^-120, and one exact pair multiplication by 2^(b - 7)
-// finishes both.
+// finishes both (twin formats.rs e4m3x2_scaled_pow2_bf16x2).
 KV_DEVICE uint32_t kv_e4m3x2_scaled_pow2_bf16x2(uint32_t p, uint32_t b) {
     uint32_t bits = ((p & 0x007f007fu) << 4) | ((p & 0x00800080u) << 8);
     uint32_t s = (b + 120u) << 7;
     return kv_bf16x2_mul_exact(bits, s | (s << 16));
+}
+
+// The rest of scale byte b's factor past 134 for a pair v of
+// kv_e4m3x2_scaled_pow2_bf16x2 at min(b, 134): times 2^(max(b, 134) - 134),
+// exact or infinite (twin formats.rs e4m3x2_scale_rest_bf16x2).
+KV_DEVICE uint32_t kv_e4m3x2_scale_rest_bf16x2(uint32_t v, uint32_t b) {
+    uint32_t s = ((b > 134u ? b : 134u) - 7u) << 7;
+    return kv_bf16x2_mul_exact(v, s | (s << 16));
+}
+
+// The BF16 pair v of the products of the codes in bits 0..7 and 16..23 of
+// p by scale byte b, with each half whose product is a NaN (a NaN code's,
+// every one under b = 255) made the canonical NaN (twin formats.rs
+// e4m3x2_nan_canonical).
+KV_DEVICE uint32_t kv_e4m3x2_nan_canonical(uint32_t v, uint32_t p, uint32_t b) {
+    uint32_t y = b == 255u ? 0x00800080u : ((p & 0x007f007fu) + 0x00010001u) & 0x00800080u;
+    uint32_t m = (y >> 7) * 0xffffu;
+    return (v & ~m) | (0x7fff7fffu & m);
 }
 
 // kv_e2m1_to_f32 of the codes in bits 0..3 and 16..19 of p (its other bits

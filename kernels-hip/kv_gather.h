@@ -231,23 +231,39 @@ KV_DEVICE kv_u32x4 kv_u32x4_of(const uint32_t o[4]) {
 }
 
 // A code unit's BF16 words on its common path, and whether they are its
-// values (the path's domain): V4 and MXFP8 by the exact shortcut
-// (kv_gather_exact), NVFP4 and FP8 rows by the finite path
-// (kv_gather_finite). The words come before the test and do not wait on
+// values (the path's domain): V4 and MXFP8 by pair multiplications for
+// every scale byte from 3 (kv_e4m3x2_scaled_pow2_bf16x2, then
+// kv_e4m3x2_scale_rest_bf16x2 past 134), NVFP4 and FP8
+// rows by the finite path (kv_gather_finite). The words come before the test and do not wait on
 // it, so that a written cache's unit meets no branch until it is done.
 template <int LAYOUT>
 KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
     if (LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) {
         // A word's even codes (bytes 0 and 2) and odd codes (1 and 3) each
-        // scaled by one pair multiplication, then interleaved.
+        // scaled as a pair by 2^(min(b, 134) - 7), then interleaved. A unit
+        // with a scale byte above 134 or a NaN code (none of a written
+        // cache) takes the rest of its scale and has its NaN halves made
+        // canonical in a short branch, so that random bytes stay here too.
+        const uint32_t b = sc < 134u ? sc : 134u;
+        uint32_t even[2], odd[2];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            uint32_t even = kv_e4m3x2_scaled_pow2_bf16x2(w[k], sc);
-            uint32_t odd = kv_e4m3x2_scaled_pow2_bf16x2(w[k] >> 8, sc);
-            o[2 * k] = kv_pack_lo16(even, odd);
-            o[2 * k + 1] = kv_pack_hi16(even, odd);
+            even[k] = kv_e4m3x2_scaled_pow2_bf16x2(w[k], b);
+            odd[k] = kv_e4m3x2_scaled_pow2_bf16x2(w[k] >> 8, b);
         }
-        return kv_gather_exact<LAYOUT, false>(w, sc);
+        if ((sc > 134u) | kv_e4m3_nan_in_word(w[0]) | kv_e4m3_nan_in_word(w[1])) {
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                even[k] = kv_e4m3x2_nan_canonical(kv_e4m3x2_scale_rest_bf16x2(even[k], sc), w[k], sc);
+                odd[k] = kv_e4m3x2_nan_canonical(kv_e4m3x2_scale_rest_bf16x2(odd[k], sc), w[k] >> 8, sc);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            o[2 * k] = kv_pack_lo16(even[k], odd[k]);
+            o[2 * k + 1] = kv_pack_hi16(even[k], odd[k]);
+        }
+        return sc >= 3u;
     }
     if (LAYOUT == KV_LAYOUT_NVFP4) {
         // Every NVFP4 product is exact in BF16 (formats.rs,
@@ -270,9 +286,10 @@ KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, con
     return kv_gather_finite<LAYOUT, false>(w, sc, fp8);
 }
 
-// A code unit's BF16 words outside its common path's domain: V4 and MXFP8
-// by the finite path where no product is a NaN, else every layout by the
-// definition, each value rounded as any pair (a NaN to some NaN) and every
+// A code unit's BF16 words outside its common path's domain (V4 and
+// MXFP8: scale bytes 0..2, whose products may round to BF16 subnormals):
+// V4 and MXFP8 by the finite path where no product is a NaN, else every
+// layout by the definition, each value rounded as any pair (a NaN to some NaN) and every
 // NaN half then made the canonical one (kv_bf16_from_f32 of each value).
 template <int LAYOUT>
 KV_DEVICE void kv_gather_codes_bf16_rest(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {

@@ -271,6 +271,34 @@ pub fn e4m3x2_scaled_pow2_bf16x2(p: u32, b: u8) -> u32 {
     bf16x2_mul_exact(bits, s | (s << 16))
 }
 
+/// The rest of scale byte `b`'s factor past [`e4m3x2_scaled_pow2_bf16x2`]'s
+/// 134, for a pair `v` that function gave for `min(b, 134)`: one more pair
+/// multiplication by `2^(max(b, 134) - 134)`, 1 for `b <= 134`. Its
+/// products are exact or, past BF16's range as past f32's, infinite, so
+/// the two give `e4m3_to_f32(c) × ue8m0_to_f32(b)` for every non-NaN code
+/// and `3 <= b <= 254` (twin `kv_e4m3x2_scale_rest_bf16x2`).
+#[inline]
+pub fn e4m3x2_scale_rest_bf16x2(v: u32, b: u8) -> u32 {
+    let s = (b.max(134) as u32 - 7) << 7;
+    bf16x2_mul_exact(v, s | (s << 16))
+}
+
+/// The BF16 pair `v` of two e4m3 codes' products by UE8M0 scale `b`
+/// (codes in bits 0..8 and 16..24 of `p`, the other bits ignored), with
+/// each half whose product is a NaN, a NaN code's or every one under
+/// `b = 255`, made the canonical NaN (twin `kv_e4m3x2_nan_canonical`).
+#[inline]
+pub fn e4m3x2_nan_canonical(v: u32, p: u32, b: u8) -> u32 {
+    // Bit 7 of a half is set where its code's low seven bits are all ones.
+    let y = if b == 255 {
+        0x0080_0080
+    } else {
+        ((p & 0x007f_007f) + 0x0001_0001) & 0x0080_0080
+    };
+    let m = (y >> 7) * 0xffff;
+    (v & !m) | (0x7fff_7fff & m)
+}
+
 /// `e2m1_to_f32(c) × s` for two codes at once, as a BF16 pair: `p` holds a
 /// code in bits 0..4 and one in bits 16..20 (the other bits are ignored),
 /// `s2` an NVFP4 tile scale's BF16 (a non-NaN e4m3 code, whose products
@@ -462,20 +490,26 @@ mod tests {
                 assert_eq!(bf16_from_f32(got), (got.to_bits() >> 16) as u16);
             }
         }
-        // Pairs: every two non-NaN codes at every such scale.
+        // Pairs: every two codes at every scale from 3, the NaN ones made
+        // canonical after (garbage bits above each code, which the
+        // kernels' shifted words carry, ignored).
         for c0 in 0..=255u8 {
             for c1 in 0..=255u8 {
-                if c0 & 0x7f == 0x7f || c1 & 0x7f == 0x7f {
-                    continue;
-                }
-                for b in 3..=134u8 {
-                    let got = e4m3x2_scaled_pow2_bf16x2(c0 as u32 | ((c1 as u32) << 16), b);
+                let p = c0 as u32 | ((c1 as u32) << 16) | 0xa500_5a00;
+                let nan = c0 & 0x7f == 0x7f || c1 & 0x7f == 0x7f;
+                for b in 3..=255u8 {
                     let want = |c: u8| bf16_from_f32(e4m3_to_f32(c) * ue8m0_to_f32(b)) as u32;
-                    assert_eq!(
-                        got,
-                        want(c0) | (want(c1) << 16),
-                        "codes {c0:#04x} {c1:#04x} scale {b}"
-                    );
+                    let want = want(c0) | (want(c1) << 16);
+                    let first = e4m3x2_scaled_pow2_bf16x2(p, b.min(134));
+                    if !nan && b <= 134 {
+                        assert_eq!(first, want, "codes {c0:#04x} {c1:#04x} scale {b}");
+                    }
+                    let got = e4m3x2_scale_rest_bf16x2(first, b);
+                    if !nan && b < 255 {
+                        assert_eq!(got, want, "codes {c0:#04x} {c1:#04x} scale {b}");
+                    }
+                    let got = e4m3x2_nan_canonical(got, p, b);
+                    assert_eq!(got, want, "codes {c0:#04x} {c1:#04x} scale {b}, NaNs");
                 }
             }
         }

@@ -506,7 +506,7 @@ pub enum GatherRows {
     One,
     /// A row over two groups, one 16-byte output unit a lane (`_split`, the
     /// slot form's own kernels only): launches of at most
-    /// [`GATHER_SPLIT_MAX_ROWS`] rows.
+    /// [`gather_split_max_rows`] rows.
     Split,
 }
 
@@ -605,12 +605,19 @@ pub struct GatherPtrs {
     pub counters: u64,
 }
 
-/// Slot-form launches of at most this many rows split each row over two
-/// groups ([`GatherRows::Split`]) unless the launch policy says otherwise
-/// ([`LaunchPolicy::gather_split_rows`]): there a group's chain of loads and
-/// conversions is most of the launch, and halving it gains more than the
-/// second group costs (docs/tuning.md, "The reader").
-pub const GATHER_SPLIT_MAX_ROWS: usize = 64;
+/// Slot-form launches of at most this many rows of `layout` split each row
+/// over two groups ([`GatherRows::Split`]) unless the launch policy says
+/// otherwise ([`LaunchPolicy::gather_split_rows`]): there a group's chain
+/// of loads and conversions is most of the launch, and halving it gains
+/// more than the second group costs. V4 and MXFP8, whose code units take
+/// the most instructions, gain up to 256 rows; the other layouts up to 64
+/// (docs/tuning.md, "The reader").
+pub fn gather_split_max_rows(layout: RecordLayout) -> usize {
+    match layout {
+        RecordLayout::V4 | RecordLayout::Mxfp8 => 256,
+        _ => 64,
+    }
+}
 
 /// The shape of one gather launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -621,13 +628,19 @@ pub struct GatherLaunch {
     pub rows: GatherRows,
 }
 
-/// The launch for `n` rows under `policy`, `slots` when the slot form's own
-/// kernels serve it ([`GatherPlan::slot_kernels`]): a row a group, two
-/// where [`LaunchPolicy::gather_two_rows`] forces it, and a row over two
-/// groups for slot-kernel launches of at most [`GATHER_SPLIT_MAX_ROWS`]
-/// rows (or as [`LaunchPolicy::gather_split_rows`] forces). `None` when
-/// there is nothing to launch.
-pub fn gather_launch(policy: &LaunchPolicy, n: usize, slots: bool) -> Option<GatherLaunch> {
+/// The launch for `n` rows of `layout` under `policy`, `slots` when the
+/// slot form's own kernels serve it ([`GatherPlan::slot_kernels`]): a row
+/// a group, two where [`LaunchPolicy::gather_two_rows`] forces it, and a
+/// row over two groups for slot-kernel launches of at most
+/// [`gather_split_max_rows`] rows (or as
+/// [`LaunchPolicy::gather_split_rows`] forces). `None` when there is
+/// nothing to launch.
+pub fn gather_launch(
+    policy: &LaunchPolicy,
+    layout: RecordLayout,
+    n: usize,
+    slots: bool,
+) -> Option<GatherLaunch> {
     if n == 0 {
         return None;
     }
@@ -636,7 +649,7 @@ pub fn gather_launch(policy: &LaunchPolicy, n: usize, slots: bool) -> Option<Gat
     } else if slots
         && policy
             .gather_split_rows
-            .unwrap_or(n <= GATHER_SPLIT_MAX_ROWS)
+            .unwrap_or(n <= gather_split_max_rows(layout))
     {
         GatherRows::Split
     } else {
@@ -770,51 +783,65 @@ mod tests {
     #[test]
     fn launches_cover_every_row() {
         for slots in [false, true] {
-            assert_eq!(gather_launch(&LaunchPolicy::default(), 0, slots), None);
+            assert_eq!(
+                gather_launch(&LaunchPolicy::default(), RecordLayout::Mxfp8, 0, slots),
+                None
+            );
         }
-        for n in [
-            1usize,
-            2,
-            3,
-            GATHER_SPLIT_MAX_ROWS,
-            GATHER_SPLIT_MAX_ROWS + 1,
-            2047,
-            2048,
-            4097,
-            65537,
-        ] {
-            for two in [None, Some(false), Some(true)] {
-                for split in [None, Some(false), Some(true)] {
-                    for slots in [false, true] {
-                        let pol = LaunchPolicy {
-                            gather_two_rows: two,
-                            gather_split_rows: split,
-                            ..LaunchPolicy::default()
-                        };
-                        let l = gather_launch(&pol, n, slots).unwrap();
-                        let groups = u64::from(l.geometry.grid) << l.geometry.groups_log2;
-                        let rows = match l.rows {
-                            GatherRows::Two => 2 * groups,
-                            GatherRows::One => groups,
-                            // Both groups of a row in one block.
-                            GatherRows::Split => {
-                                assert!(l.geometry.groups_log2 >= 1);
-                                groups / 2
-                            }
-                        };
-                        assert!(rows >= n as u64, "n {n} {two:?} {split:?}");
-                        assert_eq!(l.geometry.block_threads, 32 << l.geometry.groups_log2);
-                        let want = if two == Some(true) {
-                            GatherRows::Two
-                        } else if slots && split.unwrap_or(n <= GATHER_SPLIT_MAX_ROWS) {
-                            GatherRows::Split
-                        } else {
-                            GatherRows::One
-                        };
-                        assert_eq!(l.rows, want, "n {n} {two:?} {split:?} slots {slots}");
+        for layout in RecordLayout::ALL {
+            let split = gather_split_max_rows(layout);
+            for n in [
+                1usize,
+                2,
+                3,
+                64,
+                65,
+                split,
+                split + 1,
+                2047,
+                2048,
+                4097,
+                65537,
+            ] {
+                for two in [None, Some(false), Some(true)] {
+                    for force in [None, Some(false), Some(true)] {
+                        for slots in [false, true] {
+                            let pol = LaunchPolicy {
+                                gather_two_rows: two,
+                                gather_split_rows: force,
+                                ..LaunchPolicy::default()
+                            };
+                            let l = gather_launch(&pol, layout, n, slots).unwrap();
+                            let groups = u64::from(l.geometry.grid) << l.geometry.groups_log2;
+                            let rows = match l.rows {
+                                GatherRows::Two => 2 * groups,
+                                GatherRows::One => groups,
+                                // Both groups of a row in one block.
+                                GatherRows::Split => {
+                                    assert!(l.geometry.groups_log2 >= 1);
+                                    groups / 2
+                                }
+                            };
+                            assert!(rows >= n as u64, "n {n} {two:?} {force:?}");
+                            assert_eq!(l.geometry.block_threads, 32 << l.geometry.groups_log2);
+                            let want = if two == Some(true) {
+                                GatherRows::Two
+                            } else if slots && force.unwrap_or(n <= split) {
+                                GatherRows::Split
+                            } else {
+                                GatherRows::One
+                            };
+                            assert_eq!(
+                                l.rows, want,
+                                "{layout:?} n {n} {two:?} {force:?} slots {slots}"
+                            );
+                        }
                     }
                 }
             }
         }
+        // The split stops at 256 rows for V4 and MXFP8, at 64 for the rest.
+        assert_eq!(gather_split_max_rows(RecordLayout::V4), 256);
+        assert_eq!(gather_split_max_rows(RecordLayout::Nvfp4), 64);
     }
 }

@@ -108,7 +108,7 @@ pub struct LaunchPolicy {
     pub gather_two_rows: Option<bool>,
     /// Each row over two groups in slot-form `gather_dequant` launches that
     /// have no two rows a group (else up to
-    /// [`crate::gather::GATHER_SPLIT_MAX_ROWS`] rows).
+    /// [`crate::gather::gather_split_max_rows`] rows).
     pub gather_split_rows: Option<bool>,
 }
 
@@ -566,7 +566,7 @@ mod tests {
                     for n in [1usize, 1 << 20] {
                         for slots in [false, true] {
                             let launch =
-                                crate::gather::gather_launch(&pol, n, slots).expect("rows");
+                                crate::gather::gather_launch(&pol, l, n, slots).expect("rows");
                             seen.insert(crate::gather::gather_kernel(l, f32, slots, launch.rows));
                         }
                     }

@@ -4,7 +4,7 @@
 //! (every code under every scale, NaN codes, scale 0xFF, -0, subnormals)
 //! and inserted records, wild indices; the whole output buffer (canaries
 //! around and between the rows) and the skip counts are compared. Sizes run
-//! from 1 row to 9001, across `gather::GATHER_SPLIT_MAX_ROWS`, and every
+//! from 1 row to 9001, across `gather::gather_split_max_rows`, and every
 //! case runs under each of `LaunchPolicy::MAPPINGS` (two of which force a
 //! row a group and two rows a group), so every launch shape is checked at
 //! every size. A few cases also run captured in a graph and replayed, and
@@ -26,7 +26,7 @@ mod gather_cases;
 mod gpu_required;
 
 use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
-use dsv4_kvcache::gather::GATHER_SPLIT_MAX_ROWS;
+use dsv4_kvcache::gather::gather_split_max_rows;
 use dsv4_kvcache::{Backend, CpuBackend, LaunchPolicy, RecordLayout};
 use gather_cases::{every_code_case, every_code_scales, random_case, Case};
 
@@ -37,7 +37,11 @@ fn cases() -> Vec<Case> {
     for layout in RecordLayout::ALL {
         for table in [false, true] {
             for wild in [false, true] {
-                for n in [1usize, 16, GATHER_SPLIT_MAX_ROWS, 128, 1024, 9001] {
+                let split = gather_split_max_rows(layout);
+                let mut sizes = vec![1usize, 16, 64, 128, split, split + 1, 1024, 9001];
+                sizes.sort_unstable();
+                sizes.dedup();
+                for n in sizes {
                     seed += 1;
                     out.push(random_case(seed << 20 | n as u64, layout, table, n, wild));
                 }

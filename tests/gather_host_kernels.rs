@@ -15,8 +15,8 @@ mod gather_cases;
 mod host_kernels;
 
 use dsv4_kvcache::gather::{
-    gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherPtrs,
-    GATHER_SPLIT_MAX_ROWS,
+    gather_launch, gather_launch_kernel, gather_params, gather_split_max_rows, plan_gather,
+    GatherPtrs,
 };
 use dsv4_kvcache::ops::SkipCounts;
 use dsv4_kvcache::{CpuBackend, DType, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc};
@@ -101,7 +101,7 @@ fn run_host(
         })
         .expect("the case is valid")
     };
-    let Some(launch) = gather_launch(policy, plan.n, plan.slot_kernels()) else {
+    let Some(launch) = gather_launch(policy, plan.cache.layout, plan.n, plan.slot_kernels()) else {
         return (out, SkipCounts::default(), None);
     };
     let bufs: [&[u8]; 7] = [&case.cache, &slots, &table, &cu, &starts, &fp8, &out];
@@ -141,7 +141,12 @@ fn host_built_kernels_match_the_reference() {
     for layout in RecordLayout::ALL {
         for table in [false, true] {
             for wild in [false, true] {
-                for n in [1usize, 7, GATHER_SPLIT_MAX_ROWS, 130, 1500] {
+                // Across both ends of the split (64 rows, and the layout's own).
+                let split = gather_split_max_rows(layout);
+                let mut sizes = vec![1usize, 7, 64, 65, 130, split, split + 1, 1500];
+                sizes.sort_unstable();
+                sizes.dedup();
+                for n in sizes {
                     seed += 1;
                     cases.push(random_case(seed << 24 | n as u64, layout, table, n, wild));
                 }

@@ -1,13 +1,14 @@
 """A straightforward Triton gather (one program of four warps per output
 row, the seed's insert style) for MXFP8 and NVFP4, written by this project
 from docs/layouts.md; the H200 baseline of issue 17 item 5. Then ours
-(dsv4_kvcache.gather_dequant, CUDA graph replay of 20 launches, two
-rounds in turn, best of each) vs it at N = 1, 16, 128, 1024, 8192, 65536
+(dsv4_kvcache.gather_dequant, CUDA graph replay of 20 launches, four
+rounds, each side first in every other one, best of each) vs it at N = 1, 16, 128, 1024, 8192, 65536
 with a random slot permutation; ours is checked against the CPU reference
 on the same tensors first.
 
     python scripts/seed/gather_baseline.py [written|random ...]   # on the H200 (torch + triton)
     GATHER_BASELINE_N=1,16 python scripts/seed/gather_baseline.py written   # some sizes only
+    GATHER_BASELINE_ROUNDS=8 python scripts/seed/gather_baseline.py        # more rounds (4)
 
 Two caches: "written" (every row the record of a normally distributed
 latent, written by dsv4_kvcache.rope_quant_insert: what a serving cache
@@ -69,6 +70,7 @@ KERNELS = {"mxfp8": (_mxfp8_gather, 528, 512, 16), "nvfp4": (_nvfp4_gather, 288,
 BS = 64
 # The bench's graph: 20 launches, here the median of 50 replays.
 LAUNCHES, REPLAYS = 20, 50
+ROUNDS = int(os.environ.get("GATHER_BASELINE_ROUNDS", "4"))
 
 
 def write_records(c, rows, dev, fp8_scale=None):
@@ -117,13 +119,17 @@ def main():
             kv.gather_dequant(cache.cpu(), ref, slots.cpu())
             torch.cuda.synchronize()
             bad = int((ours.cpu().view(torch.int16) != ref.view(torch.int16)).sum())
-            # Two rounds, ours and Triton in turn, the best of each: neither
-            # side is timed only first after the setup's pause.
+            # ROUNDS rounds, ours and Triton in turn, each first in every other
+            # round, the best of each: neither side is timed only first.
             t_ours = t_base = float("inf")
-            for _ in range(2):
-                t_ours = min(t_ours, graph_us(lambda: kv.gather_dequant(cache, ours, slots), LAUNCHES, REPLAYS))
-                t_base = min(t_base, graph_us(lambda: kern[(n,)](cache, slots, base, BS, BS * w, num_warps=4),
-                                              LAUNCHES, REPLAYS))
+            for r in range(ROUNDS):
+                for side in ([0, 1] if r % 2 == 0 else [1, 0]):
+                    if side == 0:
+                        t_ours = min(t_ours, graph_us(lambda: kv.gather_dequant(cache, ours, slots), LAUNCHES,
+                                                      REPLAYS))
+                    else:
+                        t_base = min(t_base, graph_us(lambda: kern[(n,)](cache, slots, base, BS, BS * w,
+                                                                         num_warps=4), LAUNCHES, REPLAYS))
             moved = n * (w + 8 + 1024)  # record + slot read, BF16 row written
             print(f"{mode} {layout} N={n:6d}: ours {t_ours:8.2f} us ({moved / t_ours / 1e3:7.1f} GB/s), "
                   f"triton {t_base:8.2f} us ({moved / t_base / 1e3:7.1f} GB/s), "

@@ -406,7 +406,7 @@ impl<D: Driver> GpuBackend<D> {
         counters: u64,
         stream: RawStream,
     ) -> Result<()> {
-        let Some(l) = gather_launch(&self.policy, p.n, p.slot_kernels()) else {
+        let Some(l) = gather_launch(&self.policy, p.cache.layout, p.n, p.slot_kernels()) else {
             return Ok(());
         };
         let params = gather_params(p, &bind::gather_ptrs(t, counters), &l);
