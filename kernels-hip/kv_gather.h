@@ -199,15 +199,13 @@ KV_DEVICE float kv_gather_finite_value(const uint32_t w[4], int k, uint32_t sc, 
     return kv_e4m3_bits_f32(code) * kv_pow2(120) * kv_ue8m0_to_f32(sc);
 }
 
-// Whether a code unit's products are all exact in BF16 (kv_e4m3_scaled_pow2's
-// domain): V4 and MXFP8 with a scale byte in 3..134 and no NaN code. Almost
-// every unit of a written cache.
-template <int LAYOUT, bool F32>
-KV_DEVICE bool kv_gather_exact(const uint32_t w[4], uint32_t sc) {
+// Whether an F32 code unit's four products are exact with their low 16
+// bits zero (kv_e4m3_scaled_pow2's domain): V4 and MXFP8 with a scale byte
+// in 3..134 and no NaN code. Almost every unit of a written cache.
+template <int LAYOUT>
+KV_DEVICE bool kv_gather_exact_f32(const uint32_t w[4], uint32_t sc) {
     if (LAYOUT != KV_LAYOUT_V4 && LAYOUT != KV_LAYOUT_MXFP8) return false;
-    // One test of both words (| rather than ||: no branch between them).
-    bool nan = F32 ? kv_e4m3_nan_in_word(w[0]) : kv_e4m3_nan_in_word(w[0]) | kv_e4m3_nan_in_word(w[1]);
-    return !nan & (sc - 3u <= 131u);
+    return !kv_e4m3_nan_in_word(w[0]) & (sc - 3u <= 131u);
 }
 
 // Whether no product of a code unit is a NaN, so that the NaN selects can
@@ -233,9 +231,9 @@ KV_DEVICE kv_u32x4 kv_u32x4_of(const uint32_t o[4]) {
 // A code unit's BF16 words on its common path, and whether they are its
 // values (the path's domain): V4 and MXFP8 by pair multiplications for
 // every scale byte from 3 (kv_e4m3x2_scaled_pow2_bf16x2, then
-// kv_e4m3x2_scale_rest_bf16x2 past 134), NVFP4 and FP8
-// rows by the finite path (kv_gather_finite). The words come before the test and do not wait on
-// it, so that a written cache's unit meets no branch until it is done.
+// kv_e4m3x2_scale_rest_bf16x2 past 134), NVFP4 and FP8 rows by the finite
+// path (kv_gather_finite). The words come before the test and do not wait
+// on it, so that a written cache's unit meets no branch until it is done.
 template <int LAYOUT>
 KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
     if (LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) {
@@ -289,8 +287,9 @@ KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, con
 // A code unit's BF16 words outside its common path's domain (V4 and
 // MXFP8: scale bytes 0..2, whose products may round to BF16 subnormals):
 // V4 and MXFP8 by the finite path where no product is a NaN, else every
-// layout by the definition, each value rounded as any pair (a NaN to some NaN) and every
-// NaN half then made the canonical one (kv_bf16_from_f32 of each value).
+// layout by the definition, each value rounded as any pair (a NaN to some
+// NaN) and every NaN half then made the canonical one (kv_bf16_from_f32 of
+// each value).
 template <int LAYOUT>
 KV_DEVICE void kv_gather_codes_bf16_rest(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
     if ((LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) && kv_gather_finite<LAYOUT, false>(w, sc, fp8)) {
@@ -337,7 +336,7 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
         }
     } else if (!F32) {
         if (!kv_gather_codes_bf16_common<LAYOUT>(w, sc, fp8, o)) kv_gather_codes_bf16_rest<LAYOUT>(w, sc, fp8, o);
-    } else if (kv_gather_exact<LAYOUT, true>(w, sc)) {
+    } else if (kv_gather_exact_f32<LAYOUT>(w, sc)) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_e4m3_scaled_pow2(kv_gather_code<LAYOUT>(w, k), sc));
     } else if (kv_gather_finite<LAYOUT, true>(w, sc, fp8)) {

@@ -9,7 +9,7 @@
 //!
 //! Every launch validates its arguments with the shared `plan_*` functions
 //! (so a bad argument gives the same error as on the CPU), lists the
-//! operation's tensors once ([`bind`]), checks them (safe API: the buffers
+//! operation's tensors once (`bind`), checks them (safe API: the buffers
 //! belong to this backend; raw API: addresses non-null and aligned), builds
 //! the `#[repr(C)]` parameter block of [`crate::kernel_abi`] and passes it
 //! by value as the kernel's one argument, in the shape the backend's
