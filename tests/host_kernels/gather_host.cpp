@@ -21,11 +21,7 @@ int main() {
     l.relocate(p.seq_starts);
     l.relocate(p.fp8_scale);
     l.relocate(p.out);
-    KvHostLaunch<KvGatherParams>::Kernel k = l.function();
-    kv_host_bdim = l.block;
-    kv_host_gdim = l.grid;
-    for (kv_host_bid = 0; kv_host_bid < l.grid; ++kv_host_bid)
-        for (kv_host_tid = 0; kv_host_tid < l.block; ++kv_host_tid) k(p);
+    l.run_in_order(l.function());
     l.write_results();
     return 0;
 }

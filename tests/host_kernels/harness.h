@@ -82,6 +82,15 @@ struct KvHostLaunch {
         exit(2);
     }
 
+    // Every work-item of the grid, one after the other: for kernels whose
+    // lanes never talk to each other.
+    void run_in_order(Kernel k) {
+        kv_host_bdim = block;
+        kv_host_gdim = grid;
+        for (kv_host_bid = 0; kv_host_bid < grid; ++kv_host_bid)
+            for (kv_host_tid = 0; kv_host_tid < block; ++kv_host_tid) k(params);
+    }
+
     void write_results() const {
         for (auto& b : bufs) fwrite(b.data(), 1, b.size(), stdout);
         fwrite(counters, 4, 3, stdout);

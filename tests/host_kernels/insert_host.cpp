@@ -66,14 +66,12 @@ int main() {
     in.relocate(p.fp8_scale);
     KvHostLaunch<KvInsertParams>::Kernel k = in.function();
     const unsigned grid = in.grid, block = in.block;
-    kv_host_bdim = block;
-    kv_host_gdim = grid;
     bool exchanges = in.kernel == "kv_insert_v4" || in.kernel == "kv_insert_mxfp8";
     if (!exchanges) {
-        // No lane talks to another: one work-item after the other.
-        for (kv_host_bid = 0; kv_host_bid < grid; ++kv_host_bid)
-            for (kv_host_tid = 0; kv_host_tid < block; ++kv_host_tid) k(p);
+        in.run_in_order(k);
     } else {
+        kv_host_bdim = block;
+        kv_host_gdim = grid;
         // A group's 32 lanes on threads of their own, which live for the
         // whole grid and run it group by group (these kernels' groups never
         // wait for each other): each starts a group together and reports
