@@ -5,7 +5,8 @@
 //
 // Work split: a group of 32 lanes gathers one output row (or two
 // consecutive rows with KV_GF_TWO_ROWS, all their loads issued before the
-// first conversion), or two groups share one (the split kernels). A row's
+// first conversion), or a block of two groups does one (the split kernels,
+// one row a block: the 64 threads are one AMD wavefront). A row's
 // output is cut into 16-byte units (8 dims of BF16, 4 of F32) and lane l of
 // its L lanes (32 or 64) does units l, l + L, ...: every store instruction
 // of a group writes 512 contiguous bytes, and every load instruction reads
@@ -28,15 +29,19 @@ KV_DEVICE int64_t kv_gather_cu(const KvGatherParams& p, int64_t i) {
 // locates row 0 of block 0. Whether row o is written (the return) and
 // whether its slot is beyond the cache (*missed, counted by the caller
 // after the loads) are settled beside them.
+// With EXACT, the grid holds no group past the last row (the split
+// kernels).
+template <bool EXACT>
 KV_DEVICE bool kv_gather_locate_slot(const KvGatherParams& p, int64_t o, int64_t* block, int64_t* row,
                                      bool* missed) {
     const int64_t last = (int64_t)p.n - 1;
-    const int64_t slot = ((const int64_t*)p.slots)[o < last ? o : last];
+    const bool here = EXACT || o < p.n;
+    const int64_t slot = ((const int64_t*)p.slots)[EXACT || o < last ? o : last];
     const bool in = (uint64_t)slot < (uint64_t)((int64_t)p.num_blocks * p.block_size);
     *block = in ? slot >> p.block_shift : 0;
     *row = in ? slot & (int64_t)(p.block_size - 1) : 0;
-    *missed = o < p.n && slot >= 0 && !in;
-    return o < p.n && in;
+    *missed = here && slot >= 0 && !in;
+    return here && in;
 }
 
 // Where output row o's record is (its cache block and row), for the
@@ -143,11 +148,11 @@ KV_DEVICE void kv_gather_load_unit(const uint8_t* values, const uint8_t* scales,
     }
     if (LAYOUT == KV_LAYOUT_NVFP4) {
         kv_load_raw<DIMS / 2>(values + d0 / 2, w);
-        *sc = scales[d0 / 16];
+        *sc = scales[(unsigned)d0 / 16u];
     } else {
         kv_load_raw<DIMS>(values + d0, w);
-        if (LAYOUT == KV_LAYOUT_V4) *sc = scales[d0 / 64];
-        if (LAYOUT == KV_LAYOUT_MXFP8) *sc = scales[d0 / 32];
+        if (LAYOUT == KV_LAYOUT_V4) *sc = scales[(unsigned)d0 / 64u];
+        if (LAYOUT == KV_LAYOUT_MXFP8) *sc = scales[(unsigned)d0 / 32u];
     }
 }
 
@@ -230,18 +235,17 @@ KV_DEVICE kv_u32x4 kv_u32x4_of(const uint32_t o[4]) {
 
 // A code unit's BF16 words on its common path, and whether they are its
 // values (the path's domain): V4 and MXFP8 by pair multiplications for
-// every scale byte from 3 (kv_e4m3x2_scaled_pow2_bf16x2, then
-// kv_e4m3x2_scale_rest_bf16x2 past 134), NVFP4 and FP8 rows by the finite
-// path (kv_gather_finite). The words come before the test and do not wait
-// on it, so that a written cache's unit meets no branch until it is done.
-template <int LAYOUT>
+// every scale byte from 3 (kv_e4m3x2_scaled_pow2_bf16x2, then with
+// PAIR_REST the rest past 134 and canonical NaNs in a short branch,
+// kv_e4m3x2_scale_rest_bf16x2 and kv_e4m3x2_nan_canonical; without it the domain is scale bytes 3..134 and no
+// NaN code), NVFP4 and FP8 rows by the finite path (kv_gather_finite).
+// The words come before the test and do not wait on it, so that a written
+// cache's unit meets no branch until it is done.
+template <int LAYOUT, bool PAIR_REST>
 KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
     if (LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) {
-        // A word's even codes (bytes 0 and 2) and odd codes (1 and 3) each
-        // scaled as a pair by 2^(min(b, 134) - 7), then interleaved. A unit
-        // with a scale byte above 134 or a NaN code (none of a written
-        // cache) takes the rest of its scale and has its NaN halves made
-        // canonical in a short branch, so that random bytes stay here too.
+        // A word's even and odd codes each scaled as a pair by
+        // 2^(min(b, 134) - 7), then interleaved.
         const uint32_t b = sc < 134u ? sc : 134u;
         uint32_t even[2], odd[2];
 #pragma unroll
@@ -249,7 +253,7 @@ KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, con
             even[k] = kv_e4m3x2_scaled_pow2_bf16x2(w[k], b);
             odd[k] = kv_e4m3x2_scaled_pow2_bf16x2(w[k] >> 8, b);
         }
-        if ((sc > 134u) | kv_e4m3_nan_in_word(w[0]) | kv_e4m3_nan_in_word(w[1])) {
+        if (PAIR_REST && ((sc > 134u) | kv_e4m3_nan_in_word(w[0]) | kv_e4m3_nan_in_word(w[1]))) {
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
                 even[k] = kv_e4m3x2_nan_canonical(kv_e4m3x2_scale_rest_bf16x2(even[k], sc), w[k], sc);
@@ -261,7 +265,8 @@ KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, con
             o[2 * k] = kv_pack_lo16(even[k], odd[k]);
             o[2 * k + 1] = kv_pack_hi16(even[k], odd[k]);
         }
-        return sc >= 3u;
+        if (PAIR_REST) return sc >= 3u;
+        return !(kv_e4m3_nan_in_word(w[0]) | kv_e4m3_nan_in_word(w[1])) & (sc - 3u <= 131u);
     }
     if (LAYOUT == KV_LAYOUT_NVFP4) {
         // Every NVFP4 product is exact in BF16 (formats.rs,
@@ -308,6 +313,49 @@ KV_DEVICE void kv_gather_codes_bf16_rest(const uint32_t w[4], uint32_t sc, const
     }
 }
 
+// A BF16-in-record unit's words: kept (widened for F32), and whether they
+// are its values (no NaN in it).
+template <bool F32>
+KV_DEVICE bool kv_gather_bf16_words(const uint32_t w[4], uint32_t o[4]) {
+    bool nan = kv_bf16_nan_in_word(w[0]) | kv_bf16_nan_in_word(w[1]);
+    if (!F32) nan = nan | kv_bf16_nan_in_word(w[2]) | kv_bf16_nan_in_word(w[3]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = F32 ? (w[k / 2] >> (16 * (k % 2))) << 16 : w[k];
+    return !nan;
+}
+
+// The same unit's values where it holds a NaN: each one canonical.
+template <bool F32>
+KV_DEVICE void kv_gather_bf16_canonical_words(const uint32_t w[4], uint32_t o[4]) {
+#pragma unroll
+    for (int k = 0; k < (F32 ? 4 : 8); ++k) {
+        uint32_t h = (w[k / 2] >> (16 * (k % 2))) & 0xffffu;
+        if (F32) {
+            o[k] = kv_f32_canonical(kv_bf16_to_f32((uint16_t)h));
+        } else if (k % 2 == 0) {
+            o[k / 2] = kv_bf16_canonical(h);
+        } else {
+            o[k / 2] |= kv_bf16_canonical(h) << 16;
+        }
+    }
+}
+
+// An F32 code unit's words by the finite path (kv_gather_finite holds).
+template <int LAYOUT>
+KV_DEVICE void kv_gather_f32_finite_words(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
+    float ns = LAYOUT == KV_LAYOUT_NVFP4 ? kv_e4m3_to_f32(sc) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_gather_finite_value<LAYOUT>(w, k, sc, ns, fp8));
+}
+
+// An F32 code unit's words by the definition, every NaN canonical.
+template <int LAYOUT>
+KV_DEVICE void kv_gather_f32_definition_words(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8,
+                                              uint32_t o[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = kv_f32_canonical(kv_gather_value<LAYOUT>(w, k, sc, fp8.scale));
+}
+
 // One unit's 16 output bytes as words.
 template <int LAYOUT, bool F32>
 KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int d0, const KvGatherFp8& fp8) {
@@ -315,39 +363,78 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
     if (kv_gather_unit_is_bf16<LAYOUT>(d0)) {
         // BF16 in the record: kept (widened for F32), except that a NaN
         // becomes the canonical one.
-        bool nan = kv_bf16_nan_in_word(w[0]) | kv_bf16_nan_in_word(w[1]);
-        if (!F32) nan = nan | kv_bf16_nan_in_word(w[2]) | kv_bf16_nan_in_word(w[3]);
-        if (!nan) {
-            // Almost every unit: the words themselves (widened for F32).
-#pragma unroll
-            for (int k = 0; k < 4; ++k) o[k] = F32 ? (w[k / 2] >> (16 * (k % 2))) << 16 : w[k];
-            return kv_u32x4_of(o);
-        }
-#pragma unroll
-        for (int k = 0; k < (F32 ? 4 : 8); ++k) {
-            uint32_t h = (w[k / 2] >> (16 * (k % 2))) & 0xffffu;
-            if (F32) {
-                o[k] = kv_f32_canonical(kv_bf16_to_f32((uint16_t)h));
-            } else if (k % 2 == 0) {
-                o[k / 2] = kv_bf16_canonical(h);
-            } else {
-                o[k / 2] |= kv_bf16_canonical(h) << 16;
-            }
-        }
+        if (kv_gather_bf16_words<F32>(w, o)) return kv_u32x4_of(o);
+        kv_gather_bf16_canonical_words<F32>(w, o);
     } else if (!F32) {
-        if (!kv_gather_codes_bf16_common<LAYOUT>(w, sc, fp8, o)) kv_gather_codes_bf16_rest<LAYOUT>(w, sc, fp8, o);
+        if (!kv_gather_codes_bf16_common<LAYOUT, true>(w, sc, fp8, o)) kv_gather_codes_bf16_rest<LAYOUT>(w, sc, fp8, o);
     } else if (kv_gather_exact_f32<LAYOUT>(w, sc)) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_e4m3_scaled_pow2(kv_gather_code<LAYOUT>(w, k), sc));
     } else if (kv_gather_finite<LAYOUT, true>(w, sc, fp8)) {
-        float ns = LAYOUT == KV_LAYOUT_NVFP4 ? kv_e4m3_to_f32(sc) : 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_gather_finite_value<LAYOUT>(w, k, sc, ns, fp8));
+        kv_gather_f32_finite_words<LAYOUT>(w, sc, fp8, o);
     } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) o[k] = kv_f32_canonical(kv_gather_value<LAYOUT>(w, k, sc, fp8.scale));
+        kv_gather_f32_definition_words<LAYOUT>(w, sc, fp8, o);
     }
     return kv_u32x4_of(o);
+}
+
+// The split kernels' unit, for the fewest rows, where a jump on the way to
+// the store costs most: its words on the straight path (the one every unit
+// of a written cache takes) and whether they are its values. No lane jumps
+// there: a V4 lane computes both unit kinds and keeps its own.
+template <int LAYOUT, bool F32>
+KV_DEVICE bool kv_gather_split_straight(const uint32_t w[4], uint32_t sc, int d0, const KvGatherFp8& fp8,
+                                        uint32_t o[4]) {
+    uint32_t ob[4], oc[4];
+    const bool tb = kv_gather_bf16_words<F32>(w, ob);
+    if (LAYOUT == KV_LAYOUT_BF16) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o[k] = ob[k];
+        return tb;
+    }
+    bool tc;
+    if (!F32) {
+        tc = kv_gather_codes_bf16_common<LAYOUT, false>(w, sc, fp8, oc);
+    } else if (LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) {
+        tc = kv_gather_exact_f32<LAYOUT>(w, sc);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) oc[k] = kv_f2u(kv_e4m3_scaled_pow2(kv_gather_code<LAYOUT>(w, k), sc));
+    } else {
+        tc = kv_gather_finite<LAYOUT, true>(w, sc, fp8);
+        kv_gather_f32_finite_words<LAYOUT>(w, sc, fp8, oc);
+    }
+    const bool bf16 = kv_gather_unit_is_bf16<LAYOUT>(d0);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = bf16 ? ob[k] : oc[k];
+    return bf16 ? tb : tc;
+}
+
+// The values of a split kernel's unit off its straight path, from its
+// straight words o.
+template <int LAYOUT, bool F32>
+KV_DEVICE void kv_gather_split_rest(const uint32_t w[4], uint32_t sc, int d0, const KvGatherFp8& fp8, uint32_t o[4]) {
+    const bool pow2 = LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8;
+    if (kv_gather_unit_is_bf16<LAYOUT>(d0)) {
+        kv_gather_bf16_canonical_words<F32>(w, o);
+    } else if (!F32 && pow2 && sc >= 3u) {
+        // The interleave undone (o[2k], o[2k + 1] hold word k's even and
+        // odd pairs' halves), the rest of the pair path, and redone.
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            uint32_t even = kv_pack_lo16(o[2 * k], o[2 * k + 1]);
+            uint32_t odd = kv_pack_hi16(o[2 * k], o[2 * k + 1]);
+            even = kv_e4m3x2_nan_canonical(kv_e4m3x2_scale_rest_bf16x2(even, sc), w[k], sc);
+            odd = kv_e4m3x2_nan_canonical(kv_e4m3x2_scale_rest_bf16x2(odd, sc), w[k] >> 8, sc);
+            o[2 * k] = kv_pack_lo16(even, odd);
+            o[2 * k + 1] = kv_pack_hi16(even, odd);
+        }
+    } else if (!F32) {
+        kv_gather_codes_bf16_rest<LAYOUT>(w, sc, fp8, o);
+    } else if (pow2 && kv_gather_finite<LAYOUT, true>(w, sc, fp8)) {
+        kv_gather_f32_finite_words<LAYOUT>(w, sc, fp8, o);
+    } else {
+        kv_gather_f32_definition_words<LAYOUT>(w, sc, fp8, o);
+    }
 }
 
 // Kernel forms. GENERAL: every addressing form, one or two rows per group
@@ -358,7 +445,8 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
 // row's loads is short and straight). SPLIT: the same slots with
 // each row split over two groups, one 16-byte unit a lane (BF16), for the
 // fewest rows, where a group's chain of conversions is most of the launch
-// (docs/tuning.md, "The reader").
+// (docs/tuning.md, "The reader"): a row a block of 64 threads on a grid of
+// exactly n, and each unit on its straight path stored before its test.
 #define KV_GATHER_GENERAL 0
 #define KV_GATHER_SLOTS 1
 #define KV_GATHER_SPLIT 2
@@ -383,12 +471,14 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
     constexpr int V = LAYOUT == KV_LAYOUT_V4 ? 576 : LAYOUT == KV_LAYOUT_MXFP8 ? 512 : 256;
     constexpr int S = LAYOUT == KV_LAYOUT_V4 ? 8 : LAYOUT == KV_LAYOUT_MXFP8 ? 16 : 32;
     constexpr bool PAGED = LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8 || LAYOUT == KV_LAYOUT_NVFP4;
-    const int64_t g = kv_group(p.flags);
-    // The lane's place in its row: a split row's second group holds lanes
-    // 32..63 (so that only the first one's lane 0 counts a skip).
-    const unsigned lane = kv_lane() + (FORM == KV_GATHER_SPLIT ? 32u * (unsigned)(g & 1) : 0u);
+    // A split row is a block of 64 threads, one row a block on a grid of
+    // exactly n (gather_launch), so its index and lanes come straight from
+    // the dispatch, without the flags or a clamp.
+    const bool split = FORM == KV_GATHER_SPLIT;
+    const int64_t g = split ? (int64_t)kv_bid() : kv_group(p.flags);
+    const unsigned lane = split ? kv_tid() : kv_lane();
     const bool two = FORM == KV_GATHER_GENERAL && (p.flags & KV_GF_TWO_ROWS) != 0u;
-    const int64_t first = FORM == KV_GATHER_SPLIT ? g >> 1 : two ? 2 * g : g;
+    const int64_t first = two ? 2 * g : g;
     const KvGatherFp8 fp8 = kv_fp8_rows_multiplier(LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f);
 
     bool ok[2];
@@ -400,7 +490,7 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
         int64_t o = first + r;
         int64_t block = 0, row = 0;
         if (FORM != KV_GATHER_GENERAL)
-            ok[r] = r == 0 && kv_gather_locate_slot(p, o, &block, &row, &missed);
+            ok[r] = r == 0 && kv_gather_locate_slot<split>(p, o, &block, &row, &missed);
         else
             ok[r] = (r == 0 || two) && o < p.n && kv_gather_locate(p, o, lane, &block, &row);
         const uint8_t* page = p.cache + block * p.block_stride;
@@ -420,9 +510,13 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
         // The slot kernels load their row whether or not it is written.
         if (FORM == KV_GATHER_GENERAL ? !ok[r] : r == 1) continue;
 #pragma unroll
-        for (int s = 0; s < STEPS; ++s)
+        for (int s = 0; s < STEPS; ++s) {
+            // A split V4 code unit's words past its own are zero: they are
+            // tested as BF16 there, and the result discarded.
+            if (split && LAYOUT == KV_LAYOUT_V4) w[r][s][2] = w[r][s][3] = 0u;
             kv_gather_load_unit<LAYOUT, F32>(values[r], scales[r], DIMS * (int)(lane + ROW_LANES * s), w[r][s],
                                              &sc[r][s]);
+        }
     }
     if (missed) kv_count(p.counters, KV_COUNT_SLOT, lane);
 #pragma unroll
@@ -430,9 +524,21 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
         if (!ok[r]) continue;
 #pragma unroll
         for (int s = 0; s < STEPS; ++s) {
-            int u = (int)lane + ROW_LANES * s;
-            kv_gather_store<LAYOUT>(out[r] + ROW_LANES * s,
-                                    kv_gather_convert_unit<LAYOUT, F32>(w[r][s], sc[r][s], DIMS * u, fp8));
+            const int d0 = DIMS * ((int)lane + ROW_LANES * s);
+            if (FORM != KV_GATHER_SPLIT) {
+                kv_gather_store<LAYOUT>(out[r] + ROW_LANES * s,
+                                        kv_gather_convert_unit<LAYOUT, F32>(w[r][s], sc[r][s], d0, fp8));
+                continue;
+            }
+            // The straight words go out before their test, so that a unit
+            // on that path meets no jump between its loads' arrival and its
+            // store; any other stores its values over them.
+            uint32_t o[4];
+            const bool straight = kv_gather_split_straight<LAYOUT, F32>(w[r][s], sc[r][s], d0, fp8, o);
+            kv_gather_store<LAYOUT>(out[r] + ROW_LANES * s, kv_u32x4_of(o));
+            if (straight) continue;
+            kv_gather_split_rest<LAYOUT, F32>(w[r][s], sc[r][s], d0, fp8, o);
+            kv_gather_store<LAYOUT>(out[r] + ROW_LANES * s, kv_u32x4_of(o));
         }
     }
 }

@@ -506,7 +506,8 @@ pub enum GatherRows {
     One,
     /// A row over two groups, one 16-byte output unit a lane (`_split`, the
     /// slot form's own kernels only): launches of at most
-    /// [`gather_split_max_rows`] rows.
+    /// [`gather_split_max_rows`] rows. One row a block of 64 threads, on a
+    /// grid of exactly one block a row, whatever the policy's block size.
     Split,
 }
 
@@ -610,12 +611,12 @@ pub struct GatherPtrs {
 /// otherwise ([`LaunchPolicy::gather_split_rows`]): there a group's chain
 /// of loads and conversions is most of the launch, and halving it gains
 /// more than the second group costs. V4 and MXFP8, whose code units take
-/// the most instructions, gain up to 256 rows; the other layouts up to 64
+/// the most instructions, gain up to 512 rows; the other layouts up to 256
 /// (docs/tuning.md, "The reader").
 pub fn gather_split_max_rows(layout: RecordLayout) -> usize {
     match layout {
-        RecordLayout::V4 | RecordLayout::Mxfp8 => 256,
-        _ => 64,
+        RecordLayout::V4 | RecordLayout::Mxfp8 => 512,
+        _ => 256,
     }
 }
 
@@ -655,15 +656,14 @@ pub fn gather_launch(
     } else {
         GatherRows::One
     };
-    let groups = match rows {
-        GatherRows::Two => n.div_ceil(2),
-        GatherRows::One => n,
-        GatherRows::Split => 2 * n,
+    let geometry = match rows {
+        GatherRows::Two => policy.geometry(n.div_ceil(2) as u64),
+        GatherRows::One => policy.geometry(n as u64),
+        // A row a block (its two groups), on a grid of exactly n: the split
+        // kernels take their row from the block index.
+        GatherRows::Split => LaunchPolicy::geometry_of_blocks(2, 2 * n as u64),
     };
-    Some(GatherLaunch {
-        geometry: policy.geometry(groups as u64),
-        rows,
-    })
+    Some(GatherLaunch { geometry, rows })
 }
 
 fn i64_flag(p: &IndexPlan, bit: u32) -> u32 {
@@ -816,9 +816,10 @@ mod tests {
                             let rows = match l.rows {
                                 GatherRows::Two => 2 * groups,
                                 GatherRows::One => groups,
-                                // Both groups of a row in one block.
+                                // A row a block of two groups, a block a row.
                                 GatherRows::Split => {
-                                    assert!(l.geometry.groups_log2 >= 1);
+                                    assert_eq!(l.geometry.groups_log2, 1);
+                                    assert_eq!(l.geometry.grid as usize, n);
                                     groups / 2
                                 }
                             };
@@ -840,8 +841,20 @@ mod tests {
                 }
             }
         }
-        // The split stops at 256 rows for V4 and MXFP8, at 64 for the rest.
-        assert_eq!(gather_split_max_rows(RecordLayout::V4), 256);
-        assert_eq!(gather_split_max_rows(RecordLayout::Nvfp4), 64);
+        // The split's block is its own whatever the policy's block size.
+        for gpb in [2, 4, 8] {
+            let pol = LaunchPolicy {
+                groups_per_block: Some(gpb),
+                ..LaunchPolicy::default()
+            };
+            for n in [1usize, 3, 256] {
+                let l = gather_launch(&pol, RecordLayout::Mxfp8, n, true).unwrap();
+                assert_eq!(l.rows, GatherRows::Split);
+                assert_eq!((l.geometry.grid, l.geometry.block_threads), (n as u32, 64));
+            }
+        }
+        // The split stops at 512 rows for V4 and MXFP8, at 256 for the rest.
+        assert_eq!(gather_split_max_rows(RecordLayout::V4), 512);
+        assert_eq!(gather_split_max_rows(RecordLayout::Nvfp4), 256);
     }
 }

@@ -252,6 +252,14 @@ impl LaunchPolicy {
             } else {
                 GROUPS_PER_BLOCK
             });
+        Self::geometry_of_blocks(gpb, items)
+    }
+
+    /// Launch shape for `items` groups in blocks of `gpb` groups (a power of
+    /// two, at most [`GROUPS_PER_BLOCK`]), whatever the policy says: for
+    /// kernels built for one block size.
+    pub fn geometry_of_blocks(gpb: u32, items: u64) -> Geometry {
+        debug_assert!(gpb.is_power_of_two() && gpb <= GROUPS_PER_BLOCK);
         Geometry {
             grid: items.div_ceil(gpb as u64).max(1) as u32,
             block_threads: GROUP_LANES * gpb,

@@ -141,7 +141,7 @@ fn host_built_kernels_match_the_reference() {
     for layout in RecordLayout::ALL {
         for table in [false, true] {
             for wild in [false, true] {
-                // Across both ends of the split (64 rows, and the layout's own).
+                // Both sides of the split's end, the layout's own.
                 let split = gather_split_max_rows(layout);
                 let mut sizes = vec![1usize, 7, 64, 65, 130, split, split + 1, 1500];
                 sizes.sort_unstable();
