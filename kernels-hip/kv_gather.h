@@ -233,12 +233,24 @@ KV_DEVICE kv_u32x4 kv_u32x4_of(const uint32_t o[4]) {
     return v;
 }
 
+// FP8 rows' BF16 words o of a unit's codes w by the finite path, with each
+// half whose code is a NaN made the canonical NaN (the finite path reads
+// such a code's bits as a number): word k holds codes 2k and 2k + 1.
+KV_DEVICE void kv_gather_fp8_nan_canonical(const uint32_t w[4], uint32_t o[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const uint32_t c = w[k / 2] >> (16 * (k % 2));
+        o[k] = kv_e4m3x2_nan_canonical(o[k], (c & 0xffu) | ((c << 8) & 0x00ff0000u), 0u);
+    }
+}
+
 // A code unit's BF16 words on its common path, and whether they are its
 // values (the path's domain): V4 and MXFP8 by pair multiplications for
 // every scale byte from 3 (kv_e4m3x2_scaled_pow2_bf16x2, then with
 // PAIR_REST the rest past 134 and canonical NaNs in a short branch,
-// kv_e4m3x2_scale_rest_bf16x2 and kv_e4m3x2_nan_canonical; without it the domain is scale bytes 3..134 and no
-// NaN code), NVFP4 and FP8 rows by the finite path (kv_gather_finite).
+// kv_e4m3x2_scale_rest_bf16x2 and kv_e4m3x2_nan_canonical; without it
+// the domain is scale bytes 3..134 and no NaN code), NVFP4 and FP8 rows
+// by the finite path (kv_gather_finite).
 // The words come before the test and do not wait on it, so that a written
 // cache's unit meets no branch until it is done.
 template <int LAYOUT, bool PAIR_REST>
@@ -291,17 +303,20 @@ KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, con
 
 // A code unit's BF16 words outside its common path's domain (V4 and
 // MXFP8: scale bytes 0..2, whose products may round to BF16 subnormals):
-// V4 and MXFP8 by the finite path where no product is a NaN, else every
-// layout by the definition, each value rounded as any pair (a NaN to some
+// V4 and MXFP8 by the finite path where no product is a NaN, FP8 rows
+// with a multiplier by the finite path and their NaN codes made canonical
+// (kv_gather_fp8_nan_canonical), else every layout by the definition, each value rounded as any pair (a NaN to some
 // NaN) and every NaN half then made the canonical one (kv_bf16_from_f32 of
 // each value).
 template <int LAYOUT>
 KV_DEVICE void kv_gather_codes_bf16_rest(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
-    if ((LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) && kv_gather_finite<LAYOUT, false>(w, sc, fp8)) {
+    const bool fp8_fast = LAYOUT == KV_LAYOUT_FP8 && fp8.fast;
+    if (fp8_fast || ((LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) && kv_gather_finite<LAYOUT, false>(w, sc, fp8))) {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
             o[k] = kv_bf16x2_from_f32_nonnan(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, 0.0f, fp8),
                                              kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, 0.0f, fp8));
+        if (fp8_fast) kv_gather_fp8_nan_canonical(w, o);
         return;
     }
 #pragma unroll
