@@ -339,19 +339,16 @@ KV_DEVICE bool kv_gather_bf16_words(const uint32_t w[4], uint32_t o[4]) {
     return !nan;
 }
 
-// The same unit's values where it holds a NaN: each one canonical.
+// The same unit's values where it holds a NaN: each one canonical (BF16
+// output a word at a time).
 template <bool F32>
 KV_DEVICE void kv_gather_bf16_canonical_words(const uint32_t w[4], uint32_t o[4]) {
 #pragma unroll
-    for (int k = 0; k < (F32 ? 4 : 8); ++k) {
-        uint32_t h = (w[k / 2] >> (16 * (k % 2))) & 0xffffu;
-        if (F32) {
-            o[k] = kv_f32_canonical(kv_bf16_to_f32((uint16_t)h));
-        } else if (k % 2 == 0) {
-            o[k / 2] = kv_bf16_canonical(h);
-        } else {
-            o[k / 2] |= kv_bf16_canonical(h) << 16;
-        }
+    for (int k = 0; k < 4; ++k) {
+        if (F32)
+            o[k] = kv_f32_canonical(kv_bf16_to_f32((uint16_t)((w[k / 2] >> (16 * (k % 2))) & 0xffffu)));
+        else
+            o[k] = kv_bf16x2_canonical(w[k]);
     }
 }
 
