@@ -305,13 +305,14 @@ KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, con
 // MXFP8: scale bytes 0..2, whose products may round to BF16 subnormals):
 // V4 and MXFP8 by the finite path where no product is a NaN, FP8 rows
 // with a multiplier by the finite path and their NaN codes made canonical
-// (kv_gather_fp8_nan_canonical), else every layout by the definition, each value rounded as any pair (a NaN to some
-// NaN) and every NaN half then made the canonical one (kv_bf16_from_f32 of
-// each value).
+// (kv_gather_fp8_nan_canonical), else every layout by the definition, each
+// value rounded as any pair (a NaN to some NaN) and every NaN half then
+// made the canonical one (kv_bf16_from_f32 of each value).
 template <int LAYOUT>
 KV_DEVICE void kv_gather_codes_bf16_rest(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
     const bool fp8_fast = LAYOUT == KV_LAYOUT_FP8 && fp8.fast;
-    if (fp8_fast || ((LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) && kv_gather_finite<LAYOUT, false>(w, sc, fp8))) {
+    const bool pow2 = LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8;
+    if (fp8_fast || (pow2 && kv_gather_finite<LAYOUT, false>(w, sc, fp8))) {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
             o[k] = kv_bf16x2_from_f32_nonnan(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, 0.0f, fp8),
@@ -352,6 +353,13 @@ KV_DEVICE void kv_gather_bf16_canonical_words(const uint32_t w[4], uint32_t o[4]
     }
 }
 
+// A V4 or MXFP8 F32 code unit's words where kv_gather_exact_f32 holds.
+template <int LAYOUT>
+KV_DEVICE void kv_gather_f32_pow2_words(const uint32_t w[4], uint32_t sc, uint32_t o[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_e4m3_scaled_pow2(kv_gather_code<LAYOUT>(w, k), sc));
+}
+
 // An F32 code unit's words by the finite path (kv_gather_finite holds).
 template <int LAYOUT>
 KV_DEVICE void kv_gather_f32_finite_words(const uint32_t w[4], uint32_t sc, const KvGatherFp8& fp8, uint32_t o[4]) {
@@ -380,8 +388,7 @@ KV_DEVICE kv_u32x4 kv_gather_convert_unit(const uint32_t w[4], uint32_t sc, int 
     } else if (!F32) {
         if (!kv_gather_codes_bf16_common<LAYOUT, true>(w, sc, fp8, o)) kv_gather_codes_bf16_rest<LAYOUT>(w, sc, fp8, o);
     } else if (kv_gather_exact_f32<LAYOUT>(w, sc)) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) o[k] = kv_f2u(kv_e4m3_scaled_pow2(kv_gather_code<LAYOUT>(w, k), sc));
+        kv_gather_f32_pow2_words<LAYOUT>(w, sc, o);
     } else if (kv_gather_finite<LAYOUT, true>(w, sc, fp8)) {
         kv_gather_f32_finite_words<LAYOUT>(w, sc, fp8, o);
     } else {
@@ -409,8 +416,7 @@ KV_DEVICE bool kv_gather_split_straight(const uint32_t w[4], uint32_t sc, int d0
         tc = kv_gather_codes_bf16_common<LAYOUT, false>(w, sc, fp8, oc);
     } else if (LAYOUT == KV_LAYOUT_V4 || LAYOUT == KV_LAYOUT_MXFP8) {
         tc = kv_gather_exact_f32<LAYOUT>(w, sc);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) oc[k] = kv_f2u(kv_e4m3_scaled_pow2(kv_gather_code<LAYOUT>(w, k), sc));
+        kv_gather_f32_pow2_words<LAYOUT>(w, sc, oc);
     } else {
         tc = kv_gather_finite<LAYOUT, true>(w, sc, fp8);
         kv_gather_f32_finite_words<LAYOUT>(w, sc, fp8, oc);
