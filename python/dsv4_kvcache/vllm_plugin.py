@@ -4,7 +4,9 @@ of ``vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache``.
 vLLM calls :func:`register` (entry point ``dsv4_kvcache`` of the group
 ``vllm.general_plugins``) in each of its processes. It does nothing unless
 ``DSV4_KVCACHE_VLLM=1``, so installing the wheel never changes vLLM by
-itself. Active, it replaces ``fused_save_compress_norm``,
+itself (loading the entry point imports ``dsv4_kvcache``, which registers
+its ``torch.ops.dsv4_kvcache`` operators and loads its native module, and
+nothing else). Active, it replaces ``fused_save_compress_norm``,
 ``rope_quant_insert`` and ``save_ring_rows`` in that module and in every
 loaded module that bound them by name (the compressor does ``from
 ...fused_compress_quant_cache import ...``), and installs an import hook

@@ -146,7 +146,8 @@ def compressor_case(layout, cr, pcp):
 
 
 def reference_step(b):
-    """The compressor's step on the CPU reference."""
+    """The compressor's step on the CPU reference (sanitize off, as the
+    CPU's default)."""
     _native._reference_fused_save_compress_norm(
         b["kv_score"], b["positions"], b["state_cache"], b["slot_mapping"], b["query_start_loc"],
         b["token_to_req_indices"], b["rms_norm_weight"], b["rms_norm_eps"], b["compress_ratio"],
@@ -158,6 +159,21 @@ def reference_step(b):
         b["compress_ratio"], b["fp8_scale"])
 
 
+def compressor_step(compressor, b):
+    """The compressor's step (forward, then insert_cache) as vLLM calls it."""
+    m = compressor.Compressor(b["compress_ratio"], b["rms_norm_weight"], b["rms_norm_eps"],
+                              b["state_cache"])
+    latent = m.forward(b["kv_score"], b["positions"], b["latent_out"], b["slot_mapping"],
+                       b["query_start_loc"], b["token_to_req_indices"], b.get("prev_rows"),
+                       b.get("prev_row_indices"), b.get("ring_write_slots"))
+    m.insert_cache(latent, b["positions"], b["cos_sin_cache"], b["kv_cache"],
+                   b["cache_slot_mapping"], fp8_scale=b["fp8_scale"])
+
+
+def outputs(cr):
+    return ("latent_out", "kv_cache") + (("state_cache",) if cr == 2 else ())
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("cr,pcp", [(1, False), (2, False), (2, True)])
 def test_compressor_sequence_matches_the_reference(stub, layout, cr, pcp):
@@ -167,16 +183,54 @@ def test_compressor_sequence_matches_the_reference(stub, layout, cr, pcp):
     case = compressor_case(layout, cr, pcp)
     want, got = clone(case), clone(case)
     reference_step(want)
-    m = compressor.Compressor(cr, got["rms_norm_weight"], got["rms_norm_eps"], got["state_cache"])
-    latent = m.forward(got["kv_score"], got["positions"], got["latent_out"], got["slot_mapping"],
-                       got["query_start_loc"], got["token_to_req_indices"], got.get("prev_rows"),
-                       got.get("prev_row_indices"), got.get("ring_write_slots"))
-    m.insert_cache(latent, got["positions"], got["cos_sin_cache"], got["kv_cache"],
-                   got["cache_slot_mapping"], fp8_scale=got["fp8_scale"])
-    for out in ("latent_out", "kv_cache") + (("state_cache",) if cr == 2 else ()):
+    compressor_step(compressor, got)
+    for out in outputs(cr):
         assert same_storage(got[out], want[out]), out
         # The step wrote something: not the canary it started as.
         assert not same_storage(got[out], case[out]), out
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: torch.cuda.is_available() is False")
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["mxfp8", "nvfp4", "fp8"])
+def test_gpu_backend_created_before_capture(stub, caplog, layout):
+    """In a process whose CUDA is initialized (a vLLM worker loading its
+    model), importing the compressor creates the device's backend, so the
+    first call can be inside a graph capture; the replay gives the
+    reference's bytes."""
+    torch.zeros(1, device="cuda")
+    dev = torch.cuda.current_device()
+    stub()
+    with caplog.at_level(logging.INFO, logger="vllm.plugins.dsv4_kvcache"):
+        load_general_plugins()
+        compressor = importlib.import_module(COMPRESSOR)
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.plugins.dsv4_kvcache"]
+    assert any(f"backend created on cuda:{dev}" in m for m in lines), lines
+    cr = 2
+    case = compressor_case(layout, cr, pcp=True)
+    want = clone(case)
+    props = torch.cuda.get_device_properties(dev)
+    gfx950 = getattr(torch.version, "hip", None) and "gfx950" in getattr(props, "gcnArchName", "")
+    _native._reference_fused_save_compress_norm(
+        want["kv_score"], want["positions"], want["state_cache"], want["slot_mapping"],
+        want["query_start_loc"], want["token_to_req_indices"], want["rms_norm_weight"],
+        want["rms_norm_eps"], cr, want["latent_out"], want["prev_rows"], want["prev_row_indices"])
+    _native._reference_save_ring_rows(want["prev_rows"], want["ring_write_slots"], want["state_cache"])
+    _native._reference_rope_quant_insert(
+        want["latent_out"], want["positions"], want["cos_sin_cache"], want["kv_cache"],
+        want["cache_slot_mapping"], cr, want["fp8_scale"], sanitize=bool(gfx950))
+    got = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g):
+            compressor_step(compressor, got)
+    g.replay()
+    torch.cuda.synchronize()
+    for out in outputs(cr):
+        assert torch.equal(got[out].cpu().view(torch.uint8), want[out].view(torch.uint8)), out
 
 
 UNSET_SCRIPT = textwrap.dedent(
