@@ -12,19 +12,27 @@ export DSV4_KVCACHE_REQUIRE_KERNELS=1
 cargo test --release --all-targets
 cargo test --release --doc
 
-# The Python package: a venv under .venv/ (gitignored) with maturin, pytest
-# and the registry's torch wheel (on a CPU-only machine it still brings its
-# CUDA libraries, several GB, and runs on the CPU), then the wheel built
-# from python/ and its tests. GPU tests report SKIPPED without a GPU.
+# The Python package: a venv under .venv/ (gitignored) with maturin, pytest,
+# auditwheel, twine and the registry's torch wheel (on a CPU-only machine it
+# still brings its CUDA libraries, several GB, and runs on the CPU), then the
+# release wheel, built once (abi3, manylinux_2_28, all kernels; checked by
+# auditwheel and twine), and its tests. GPU tests report SKIPPED without a GPU.
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, maturin, pytest" 2>/dev/null; then
+if ! .venv/bin/python -c "import torch, maturin, pytest, auditwheel, twine" 2>/dev/null; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q maturin pytest torch
+    .venv/bin/python -m pip install -q maturin pytest torch auditwheel twine
 fi
-rm -rf target/wheels
-.venv/bin/python -m maturin build --release -m python/Cargo.toml -o target/wheels
+t0=$SECONDS
+PYTHON=.venv/bin/python bash scripts/build-wheel.sh target/wheels
+echo "test.sh: release wheel built and checked in $((SECONDS - t0)) s"
 .venv/bin/python -m pip install -q --force-reinstall --no-deps target/wheels/dsv4_kvcache-*.whl
 (cd python/tests && ../../.venv/bin/python -m pytest -q -rs .)
+
+# The same wheel where nothing can compile: a fresh venv, PATH without cargo
+# or any kernel compiler, the README's examples and the suite again.
+t0=$SECONDS
+PYTHON="$PY" bash scripts/test-wheel.sh target/wheels/dsv4_kvcache-*.whl
+echo "test.sh: wheel tested in a fresh venv without compilers in $((SECONDS - t0)) s"

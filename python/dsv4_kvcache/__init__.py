@@ -22,6 +22,7 @@ from ._native import (
     fused_compress_insert,
     fused_save_compress_norm,
     gather_dequant,
+    info,
     rope_quant_insert,
     save_ring_rows,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "SkipCounts",
     "take_skip_counts",
     "init",
+    "info",
     "ops",
     "__version__",
 ]

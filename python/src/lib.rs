@@ -597,6 +597,98 @@ fn _features() -> (bool, bool) {
     (cfg!(feature = "cuda"), cfg!(feature = "hip"))
 }
 
+/// A backend's unavailability as one line (the reason alone for `Unavailable`).
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn unavailable_line(e: &dsv4_kvcache::Error) -> String {
+    match e {
+        dsv4_kvcache::Error::Unavailable { reason, .. } => format!("unavailable: {reason}"),
+        other => format!("unavailable: {other}"),
+    }
+}
+
+/// The CUDA driver's devices (`Ok(count)`), or why there are none.
+#[cfg(feature = "cuda")]
+fn cuda_devices() -> Result<usize, String> {
+    match dsv4_kvcache::CudaBackend::device_count() {
+        Ok(0) => Err("unavailable: the CUDA driver is present but finds no device".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(unavailable_line(&e)),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_devices() -> Result<usize, String> {
+    Err("unavailable: this build has no `cuda` feature".into())
+}
+
+/// The HIP runtime and its devices (one line each), or why there are none.
+#[cfg(feature = "hip")]
+fn hip_devices() -> Result<Vec<String>, String> {
+    dsv4_kvcache::backend::hip::probe()
+        .map(|s| s.lines().map(str::to_string).collect())
+        .map_err(|e| unavailable_line(&e))
+}
+
+#[cfg(not(feature = "hip"))]
+fn hip_devices() -> Result<Vec<String>, String> {
+    Err("unavailable: this build has no `hip` feature".into())
+}
+
+/// What this build embeds and what it finds at run time, as a dict:
+/// `version`; `kernels`, the device code actually embedded per backend
+/// (`{"cuda": ["sm_90", "sm_100"], "hip": ["gfx942", "gfx950"]}`, an empty
+/// list where `build.rs` found no compiler); `compilers` (what built them, or
+/// None); `missing`, why a backend's kernels are absent; `devices`, per
+/// backend the devices found now (lines) or why none; and `backends`, those
+/// that can run here now (`"cpu"` always, a GPU backend when it has both
+/// kernels and a device). It loads the GPU drivers but creates no backend.
+#[pyfunction]
+fn info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use dsv4_kvcache::kernels;
+    use pyo3::types::PyDict;
+
+    let out = PyDict::new(py);
+    out.set_item("version", env!("CARGO_PKG_VERSION"))?;
+    let k = PyDict::new(py);
+    k.set_item("cuda", kernels::cuda_targets().to_vec())?;
+    k.set_item("hip", kernels::hip_targets().to_vec())?;
+    out.set_item("kernels", k)?;
+    let c = PyDict::new(py);
+    c.set_item("cuda", kernels::cuda_compiler())?;
+    c.set_item("hip", kernels::hip_compiler())?;
+    out.set_item("compilers", c)?;
+    out.set_item("missing", kernels::missing_reasons().to_vec())?;
+
+    let mut backends = vec!["cpu"];
+    let d = PyDict::new(py);
+    let threads = std::thread::available_parallelism().map_or(0, |n| n.get());
+    d.set_item(
+        "cpu",
+        vec![format!("the reference, {threads} hardware threads")],
+    )?;
+    match cuda_devices() {
+        Ok(n) => {
+            if !kernels::cuda_targets().is_empty() {
+                backends.push("cuda");
+            }
+            d.set_item("cuda", vec![format!("{n} device(s)")])?;
+        }
+        Err(why) => d.set_item("cuda", why)?,
+    }
+    match hip_devices() {
+        Ok(lines) => {
+            if !kernels::hip_targets().is_empty() {
+                backends.push("hip");
+            }
+            d.set_item("hip", lines)?;
+        }
+        Err(why) => d.set_item("hip", why)?,
+    }
+    out.set_item("devices", d)?;
+    out.set_item("backends", backends)?;
+    Ok(out)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fused_save_compress_norm, m)?)?;
@@ -611,6 +703,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_reference_save_ring_rows, m)?)?;
     m.add_function(wrap_pyfunction!(_reference_fused_compress_insert, m)?)?;
     m.add_function(wrap_pyfunction!(_features, m)?)?;
+    m.add_function(wrap_pyfunction!(info, m)?)?;
     m.add_function(wrap_pyfunction!(_read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(_read_tensor, m)?)?;
     m.add_function(wrap_pyfunction!(_reads_by_exchange, m)?)?;
