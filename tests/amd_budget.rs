@@ -364,14 +364,27 @@ fn sources() -> Vec<PathBuf> {
         }
     }
     if out.is_empty() {
-        // build.rs builds the list some other way: every top-level .hip file.
+        // build.rs builds the list some other way: every top-level .hip file,
+        // that is every one no other .hip file includes.
         let mut all: Vec<PathBuf> = std::fs::read_dir(root().join("kernels-hip"))
             .expect("kernels-hip/")
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|e| e == "hip"))
             .collect();
         all.sort();
-        out = all;
+        let texts: Vec<String> = all
+            .iter()
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .collect();
+        out = all
+            .iter()
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy();
+                let inc = format!("#include \"{name}\"");
+                !texts.iter().any(|t| t.contains(&inc))
+            })
+            .cloned()
+            .collect();
     }
     out
 }
