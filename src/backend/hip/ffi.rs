@@ -78,6 +78,7 @@ hip_api! {
     required {
         init = "hipInit": fn(c_uint) -> HipError;
         get_device_count = "hipGetDeviceCount": fn(*mut c_int) -> HipError;
+        get_device = "hipGetDevice": fn(*mut c_int) -> HipError;
         set_device = "hipSetDevice": fn(c_int) -> HipError;
         device_get = "hipDeviceGet": fn(*mut c_int, c_int) -> HipError;
         device_get_name = "hipDeviceGetName": fn(*mut c_char, c_int, c_int) -> HipError;
@@ -146,9 +147,10 @@ impl Api {
     }
 }
 
-/// The file names tried, in order: the soname-less name and the versioned
-/// sonames through the dynamic loader's search path, then
-/// `$ROCM_PATH/lib/libamdhip64.so`, then `/opt/rocm/lib/libamdhip64.so`.
+/// The file names tried, in order, when the process has no HIP runtime
+/// loaded yet: the soname-less name and the versioned sonames through the
+/// dynamic loader's search path, then `$ROCM_PATH/lib/libamdhip64.so`, then
+/// `/opt/rocm/lib/libamdhip64.so`.
 pub(crate) fn library_candidates() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = ["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.7"]
         .iter()
@@ -161,23 +163,141 @@ pub(crate) fn library_candidates() -> Vec<PathBuf> {
     v
 }
 
+/// Whether `path` names a HIP runtime library (`libamdhip64.so`,
+/// `libamdhip64.so.6`, `libamdhip64.so.6.4.43484`, ...) by its file name.
+pub(crate) fn is_hip_runtime_file(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.strip_prefix("libamdhip64.so").is_some_and(|rest| {
+        rest.is_empty()
+            || rest
+                .strip_prefix('.')
+                .is_some_and(|v| !v.is_empty() && v.split('.').all(|p| p.parse::<u32>().is_ok()))
+    })
+}
+
+/// The first of `paths` (the process's loaded objects, in load order) that
+/// `wanted` accepts.
+pub(crate) fn first_loaded(paths: &[String], wanted: impl Fn(&str) -> bool) -> Option<&str> {
+    paths.iter().map(String::as_str).find(|p| wanted(p))
+}
+
+/// `struct dl_phdr_info`, the fields read (the rest follow them).
+#[repr(C)]
+struct DlPhdrInfo {
+    addr: usize,
+    name: *const c_char,
+}
+
+/// `Dl_info` of `dladdr`.
+#[repr(C)]
+struct DlInfo {
+    fname: *const c_char,
+    fbase: *mut c_void,
+    sname: *const c_char,
+    saddr: *mut c_void,
+}
+
+extern "C" {
+    fn dl_iterate_phdr(
+        callback: unsafe extern "C" fn(*mut DlPhdrInfo, usize, *mut c_void) -> c_int,
+        data: *mut c_void,
+    ) -> c_int;
+    fn dladdr(addr: *const c_void, info: *mut DlInfo) -> c_int;
+}
+
+/// `RTLD_NOLOAD`: `dlopen` returns a handle only to an object already loaded.
+const RTLD_NOLOAD: c_int = 4;
+
+/// The paths of the shared objects loaded in this process, in load order
+/// (the main program, whose name is empty, left out).
+pub(crate) fn loaded_objects() -> Vec<String> {
+    unsafe extern "C" fn collect(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: the loader passes a valid info; data is the Vec below.
+        let (info, out) = unsafe { (&*info, &mut *(data as *mut Vec<String>)) };
+        if !info.name.is_null() {
+            // SAFETY: dlpi_name is a NUL-terminated string.
+            let name = unsafe { CStr::from_ptr(info.name) }.to_string_lossy();
+            if !name.is_empty() {
+                out.push(name.into_owned());
+            }
+        }
+        0
+    }
+    let mut out: Vec<String> = Vec::new();
+    // SAFETY: the callback only reads the info and appends to `out`.
+    unsafe { dl_iterate_phdr(collect, &mut out as *mut Vec<String> as *mut c_void) };
+    out
+}
+
+/// Opens `path` only if it is already loaded (a new reference to the same
+/// copy, its initializers not run again).
+pub(crate) fn open_loaded(path: &str) -> Result<libloading::Library, String> {
+    let flags = libloading::os::unix::RTLD_NOW | RTLD_NOLOAD;
+    // SAFETY: RTLD_NOLOAD loads nothing new, so no initializer runs.
+    unsafe { libloading::os::unix::Library::open(Some(path), flags) }
+        .map(libloading::Library::from)
+        .map_err(|e| e.to_string())
+}
+
+/// The file a loaded symbol lives in, as the loader names it.
+fn file_of(symbol: *const c_void) -> Option<String> {
+    let mut info = DlInfo {
+        fname: std::ptr::null(),
+        fbase: std::ptr::null_mut(),
+        sname: std::ptr::null(),
+        saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr only reads the loader's tables; fname is NUL-terminated.
+    (unsafe { dladdr(symbol, &mut info) } != 0 && !info.fname.is_null())
+        .then(|| {
+            unsafe { CStr::from_ptr(info.fname) }
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|f| !f.is_empty())
+}
+
 static LOADED: Mutex<Option<Arc<Api>>> = Mutex::new(None);
 
 /// Loads the HIP runtime (once per process; a failure is retried on the next
-/// call, so setting `ROCM_PATH` later can help). The error names every path
-/// tried and why each failed.
+/// call, so setting `ROCM_PATH` later can help). A `libamdhip64` that the
+/// process already holds (a ROCm torch wheel loads its own from `torch/lib`)
+/// is used rather than a second copy from the search path: two runtimes in
+/// one process do not share streams, devices or memory. The error names
+/// every path tried and why each failed; [`Api::path`] is the file used.
 pub(crate) fn load() -> Result<Arc<Api>, String> {
     let mut g = LOADED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(api) = g.as_ref() {
         return Ok(api.clone());
     }
     let mut tried = Vec::new();
+    let loaded = loaded_objects();
+    if let Some(path) = first_loaded(&loaded, is_hip_runtime_file) {
+        match open_loaded(path) {
+            Ok(lib) => {
+                // SAFETY: the declared signatures are those of hip_runtime_api.h.
+                let api =
+                    Arc::new(unsafe { Api::resolve(lib, format!("{path} (already loaded)")) }?);
+                *g = Some(api.clone());
+                return Ok(api);
+            }
+            Err(e) => tried.push(format!("{path}, already loaded ({e})")),
+        }
+    }
     for path in library_candidates() {
         // SAFETY: loading runs the library's initializers; libamdhip64's are
         // those of the HIP runtime, which is what we want.
         match unsafe { libloading::Library::new(&path) } {
             Ok(lib) => {
-                let shown = path.display().to_string();
+                let mut shown = path.display().to_string();
+                // The file the loader picked for a bare name.
+                if let Ok(sym) = unsafe { lib.get::<*const c_void>(b"hipInit\0") } {
+                    if let Some(file) = file_of(*sym) {
+                        if file != shown {
+                            shown = format!("{file} (as {shown})");
+                        }
+                    }
+                }
                 // SAFETY: the declared signatures are those of hip_runtime_api.h.
                 let api = Arc::new(unsafe { Api::resolve(lib, shown) }?);
                 *g = Some(api.clone());
@@ -260,6 +380,62 @@ mod tests {
         q[..6].copy_from_slice(b"gfx950");
         q[600..609].copy_from_slice(b"gfxjunk!!");
         assert_eq!(find_arch_name(&q, GCN_ARCH_NAME_OFFSET_R0600), None);
+    }
+
+    #[test]
+    fn hip_runtime_file_names() {
+        for yes in [
+            "libamdhip64.so",
+            "libamdhip64.so.6",
+            "/opt/rocm-6.4.3/lib/libamdhip64.so.6.4.43484",
+            "/venv/lib/python3.12/site-packages/torch/lib/libamdhip64.so",
+        ] {
+            assert!(is_hip_runtime_file(yes), "{yes}");
+        }
+        for no in [
+            "libamdhip64.so.bak",
+            "libamdhip64.so.",
+            "/x/libamdhip64-6.so",
+            "/x/libamdhip64.so.6/libc.so.6",
+            "libhiprtc.so.6",
+            "/opt/rocm/lib/libamdhip64_static.a",
+        ] {
+            assert!(!is_hip_runtime_file(no), "{no}");
+        }
+        let loaded = vec![
+            "/lib/x86_64-linux-gnu/libc.so.6".to_string(),
+            "/venv/torch/lib/libamdhip64.so".to_string(),
+            "/opt/rocm/lib/libamdhip64.so.6".to_string(),
+        ];
+        assert_eq!(
+            first_loaded(&loaded, is_hip_runtime_file),
+            Some("/venv/torch/lib/libamdhip64.so")
+        );
+        assert_eq!(first_loaded(&loaded[..1], is_hip_runtime_file), None);
+    }
+
+    #[test]
+    fn loaded_objects_are_found_and_reopened_not_loaded() {
+        // Every Rust test process has libc loaded: the lookup finds it by
+        // file name and reopens that copy with RTLD_NOLOAD.
+        let loaded = loaded_objects();
+        let libc = first_loaded(&loaded, |p| {
+            p.rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("libc.so"))
+        })
+        .unwrap_or_else(|| panic!("no libc among the loaded objects {loaded:?}"));
+        let lib = open_loaded(libc).expect("reopening the loaded libc");
+        // SAFETY: only the address is taken.
+        let sym = unsafe { lib.get::<*const c_void>(b"malloc\0") }.expect("malloc");
+        let file = file_of(*sym).expect("dladdr names malloc's file");
+        assert!(file.contains("libc.so"), "{file}");
+        // RTLD_NOLOAD never loads: a library not in the process is an error.
+        assert!(
+            first_loaded(&loaded, |p| p.contains("libz3.so")).is_none(),
+            "the test process should not have libz3 loaded"
+        );
+        assert!(open_loaded("libz3.so.4").is_err());
     }
 
     #[test]

@@ -88,6 +88,49 @@ impl Handle {
     const NULL: Handle = Handle(null_mut());
 }
 
+/// The caller's current HIP device, made current again on drop (as the
+/// CUDA backend restores the caller's context): a ROCm torch process keeps
+/// its own current device, which a call on a tensor of another device must
+/// not change.
+struct DeviceGuard<'a> {
+    api: &'a Api,
+    /// The device to restore, when `select` changed it.
+    previous: Option<c_int>,
+}
+
+impl<'a> DeviceGuard<'a> {
+    /// Makes `device` current on this thread (no call when it already is).
+    fn select(api: &'a Api, device: c_int) -> Result<Self> {
+        let mut current: c_int = -1;
+        // SAFETY: valid out-pointer.
+        check(api, "hipGetDevice", unsafe {
+            (api.get_device)(&mut current)
+        })?;
+        if current == device {
+            return Ok(DeviceGuard {
+                api,
+                previous: None,
+            });
+        }
+        // SAFETY: plain C call; an invalid ordinal is an error code.
+        check(api, "hipSetDevice", unsafe { (api.set_device)(device) })?;
+        Ok(DeviceGuard {
+            api,
+            previous: Some(current),
+        })
+    }
+}
+
+impl Drop for DeviceGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.previous {
+            // SAFETY: d was current a moment ago, so it is a valid ordinal;
+            // an error cannot be reported from drop.
+            unsafe { (self.api.set_device)(d) };
+        }
+    }
+}
+
 /// A `hipMalloc` allocation, freed on drop.
 pub struct HipMemory {
     ptr: Handle,
@@ -172,13 +215,10 @@ impl HipDriver {
             )));
         }
         let ordinal = device as c_int;
-        // SAFETY: plain C call with a valid ordinal.
-        setup(
-            &api,
-            "hipSetDevice",
-            unsafe { (api.set_device)(ordinal) },
-            &format!("for device {device}"),
-        )?;
+        // The stream and the module belong to the device current while they
+        // are created; the caller's device is current again on return.
+        let _current = DeviceGuard::select(&api, ordinal)
+            .map_err(|e| unavailable(format!("{e} (for device {device})")))?;
         let name = device_name(&api, ordinal)?;
         let arch = device_arch(&api, ordinal)?;
         let target = arch.code_object_target().map_err(|e| match e {
@@ -270,14 +310,12 @@ impl HipDriver {
         check(&self.api, call, code)
     }
 
-    /// Makes the device current on this thread: a null stream means the
+    /// Makes the device current on this thread until the guard drops, when
+    /// the caller's device is current again: a null stream means the
     /// thread's current device, and allocations go to it (a thread-local
     /// setting; it neither allocates nor waits).
-    fn select_device(&self) -> Result<()> {
-        // SAFETY: plain C call with the ordinal opened in open().
-        self.check("hipSetDevice", unsafe {
-            (self.api.set_device)(self.facts.ordinal as c_int)
-        })
+    fn select_device(&self) -> Result<DeviceGuard<'_>> {
+        DeviceGuard::select(&self.api, self.facts.ordinal as c_int)
     }
 
     fn memcpy(
@@ -288,7 +326,7 @@ impl HipDriver {
         kind: c_int,
         stream: RawStream,
     ) -> Result<()> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         // SAFETY: the callers vouch for both ranges (see the Driver methods).
         let code = unsafe { (self.api.memcpy_async)(dst, src, len, kind, stream.as_ptr()) };
         self.check("hipMemcpyAsync", code)
@@ -372,7 +410,7 @@ unsafe impl Driver for HipDriver {
     }
 
     fn alloc(&self, len: usize) -> Result<(HipMemory, u64)> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         let mut p = null_mut();
         // A zero-byte request returns null: allocate one byte.
         // SAFETY: valid out-pointer.
@@ -389,7 +427,7 @@ unsafe impl Driver for HipDriver {
     }
 
     unsafe fn memset(&self, dst: u64, value: u8, len: usize, stream: RawStream) -> Result<()> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         let code =
             (self.api.memset_async)(dst as *mut c_void, c_int::from(value), len, stream.as_ptr());
         self.check("hipMemsetAsync", code)
@@ -432,7 +470,7 @@ unsafe impl Driver for HipDriver {
     }
 
     fn synchronize(&self, stream: RawStream) -> Result<()> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         // SAFETY: the stream is the driver's own or one the caller vouched for.
         self.check("hipStreamSynchronize", unsafe {
             (self.api.stream_synchronize)(stream.as_ptr())
@@ -448,7 +486,7 @@ unsafe impl Driver for HipDriver {
         stream: RawStream,
         params: *mut c_void,
     ) -> Result<()> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         let mut args = [params];
         let code = (self.api.module_launch_kernel)(
             function.0,
@@ -477,6 +515,7 @@ unsafe impl Driver for HipDriver {
 
     fn end_capture(&self) -> Result<Option<HipGraphExec>> {
         self.graph_api()?;
+        let _current = self.select_device()?;
         let (end, inst) = (
             self.api.stream_end_capture.expect("checked"),
             self.api.graph_instantiate.expect("checked"),
@@ -504,11 +543,13 @@ unsafe impl Driver for HipDriver {
 
     unsafe fn launch_graph(&self, graph: &HipGraphExec) -> Result<()> {
         self.graph_api()?;
+        let _current = self.select_device()?;
         let launch = self.api.graph_launch.expect("checked");
         self.check("hipGraphLaunch", launch(graph.exec.0, self.stream.0))
     }
 
     fn create_event(&self) -> Result<HipEvent> {
+        let _current = self.select_device()?;
         let mut e = null_mut();
         // SAFETY: valid out-pointer.
         self.check("hipEventCreate", unsafe { (self.api.event_create)(&mut e) })?;
@@ -591,7 +632,7 @@ fn check(api: &Api, call: &'static str, code: HipError) -> Result<()> {
         Err(Error::Driver {
             backend: BACKEND,
             call,
-            message: api.error_message(code),
+            message: format!("{} (HIP runtime {})", api.error_message(code), api.path),
         })
     }
 }
