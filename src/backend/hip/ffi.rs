@@ -5,6 +5,7 @@
 //! functions, events, graphs) are opaque pointers; `hipError_t` is a C enum,
 //! an `int` on every ABI HIP supports; `hipDevice_t` is an `int`.
 
+use super::loaded;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,7 @@ pub(crate) type Function = *mut c_void;
 pub(crate) type Event = *mut c_void;
 pub(crate) type Graph = *mut c_void;
 pub(crate) type GraphExec = *mut c_void;
+pub(crate) type GraphNode = *mut c_void;
 
 /// Declares the symbol table: `required` entries must resolve, `optional`
 /// ones become `None` when the runtime lacks them.
@@ -115,7 +117,7 @@ hip_api! {
         get_error_name = "hipGetErrorName": fn(HipError) -> *const c_char;
         stream_begin_capture = "hipStreamBeginCapture": fn(Stream, c_int) -> HipError;
         stream_end_capture = "hipStreamEndCapture": fn(Stream, *mut Graph) -> HipError;
-        graph_instantiate = "hipGraphInstantiate": fn(*mut GraphExec, Graph, *mut c_void, *mut c_char, usize) -> HipError;
+        graph_instantiate = "hipGraphInstantiate": fn(*mut GraphExec, Graph, *mut GraphNode, *mut c_char, usize) -> HipError;
         graph_launch = "hipGraphLaunch": fn(GraphExec, Stream) -> HipError;
         graph_exec_destroy = "hipGraphExecDestroy": fn(GraphExec) -> HipError;
         graph_destroy = "hipGraphDestroy": fn(Graph) -> HipError;
@@ -175,88 +177,6 @@ pub(crate) fn is_hip_runtime_file(path: &str) -> bool {
     })
 }
 
-/// The first of `paths` (the process's loaded objects, in load order) that
-/// `wanted` accepts.
-pub(crate) fn first_loaded(paths: &[String], wanted: impl Fn(&str) -> bool) -> Option<&str> {
-    paths.iter().map(String::as_str).find(|p| wanted(p))
-}
-
-/// `struct dl_phdr_info`, the fields read (the rest follow them).
-#[repr(C)]
-struct DlPhdrInfo {
-    addr: usize,
-    name: *const c_char,
-}
-
-/// `Dl_info` of `dladdr`.
-#[repr(C)]
-struct DlInfo {
-    fname: *const c_char,
-    fbase: *mut c_void,
-    sname: *const c_char,
-    saddr: *mut c_void,
-}
-
-extern "C" {
-    fn dl_iterate_phdr(
-        callback: unsafe extern "C" fn(*mut DlPhdrInfo, usize, *mut c_void) -> c_int,
-        data: *mut c_void,
-    ) -> c_int;
-    fn dladdr(addr: *const c_void, info: *mut DlInfo) -> c_int;
-}
-
-/// `RTLD_NOLOAD`: `dlopen` returns a handle only to an object already loaded.
-const RTLD_NOLOAD: c_int = 4;
-
-/// The paths of the shared objects loaded in this process, in load order
-/// (the main program, whose name is empty, left out).
-pub(crate) fn loaded_objects() -> Vec<String> {
-    unsafe extern "C" fn collect(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: the loader passes a valid info; data is the Vec below.
-        let (info, out) = unsafe { (&*info, &mut *(data as *mut Vec<String>)) };
-        if !info.name.is_null() {
-            // SAFETY: dlpi_name is a NUL-terminated string.
-            let name = unsafe { CStr::from_ptr(info.name) }.to_string_lossy();
-            if !name.is_empty() {
-                out.push(name.into_owned());
-            }
-        }
-        0
-    }
-    let mut out: Vec<String> = Vec::new();
-    // SAFETY: the callback only reads the info and appends to `out`.
-    unsafe { dl_iterate_phdr(collect, &mut out as *mut Vec<String> as *mut c_void) };
-    out
-}
-
-/// Opens `path` only if it is already loaded (a new reference to the same
-/// copy, its initializers not run again).
-pub(crate) fn open_loaded(path: &str) -> Result<libloading::Library, String> {
-    let flags = libloading::os::unix::RTLD_NOW | RTLD_NOLOAD;
-    // SAFETY: RTLD_NOLOAD loads nothing new, so no initializer runs.
-    unsafe { libloading::os::unix::Library::open(Some(path), flags) }
-        .map(libloading::Library::from)
-        .map_err(|e| e.to_string())
-}
-
-/// The file a loaded symbol lives in, as the loader names it.
-fn file_of(symbol: *const c_void) -> Option<String> {
-    let mut info = DlInfo {
-        fname: std::ptr::null(),
-        fbase: std::ptr::null_mut(),
-        sname: std::ptr::null(),
-        saddr: std::ptr::null_mut(),
-    };
-    // SAFETY: dladdr only reads the loader's tables; fname is NUL-terminated.
-    (unsafe { dladdr(symbol, &mut info) } != 0 && !info.fname.is_null())
-        .then(|| {
-            unsafe { CStr::from_ptr(info.fname) }
-                .to_string_lossy()
-                .into_owned()
-        })
-        .filter(|f| !f.is_empty())
-}
-
 static LOADED: Mutex<Option<Arc<Api>>> = Mutex::new(None);
 
 /// Loads the HIP runtime (once per process; a failure is retried on the next
@@ -271,13 +191,13 @@ pub(crate) fn load() -> Result<Arc<Api>, String> {
         return Ok(api.clone());
     }
     let mut tried = Vec::new();
-    let loaded = loaded_objects();
-    if let Some(path) = first_loaded(&loaded, is_hip_runtime_file) {
-        match open_loaded(path) {
+    let objects = loaded::objects();
+    if let Some(path) = loaded::first(&objects, is_hip_runtime_file) {
+        match loaded::reopen(path) {
             Ok(lib) => {
+                let shown = format!("{} (already loaded)", loaded::real_file(path));
                 // SAFETY: the declared signatures are those of hip_runtime_api.h.
-                let api =
-                    Arc::new(unsafe { Api::resolve(lib, format!("{path} (already loaded)")) }?);
+                let api = Arc::new(unsafe { Api::resolve(lib, shown) }?);
                 *g = Some(api.clone());
                 return Ok(api);
             }
@@ -292,7 +212,7 @@ pub(crate) fn load() -> Result<Arc<Api>, String> {
                 let mut shown = path.display().to_string();
                 // The file the loader picked for a bare name.
                 if let Ok(sym) = unsafe { lib.get::<*const c_void>(b"hipInit\0") } {
-                    if let Some(file) = file_of(*sym) {
+                    if let Some(file) = loaded::file_of(*sym).map(|f| loaded::real_file(&f)) {
                         if file != shown {
                             shown = format!("{file} (as {shown})");
                         }
@@ -402,40 +322,16 @@ mod tests {
         ] {
             assert!(!is_hip_runtime_file(no), "{no}");
         }
-        let loaded = vec![
+        let objects = vec![
             "/lib/x86_64-linux-gnu/libc.so.6".to_string(),
             "/venv/torch/lib/libamdhip64.so".to_string(),
             "/opt/rocm/lib/libamdhip64.so.6".to_string(),
         ];
         assert_eq!(
-            first_loaded(&loaded, is_hip_runtime_file),
+            loaded::first(&objects, is_hip_runtime_file),
             Some("/venv/torch/lib/libamdhip64.so")
         );
-        assert_eq!(first_loaded(&loaded[..1], is_hip_runtime_file), None);
-    }
-
-    #[test]
-    fn loaded_objects_are_found_and_reopened_not_loaded() {
-        // Every Rust test process has libc loaded: the lookup finds it by
-        // file name and reopens that copy with RTLD_NOLOAD.
-        let loaded = loaded_objects();
-        let libc = first_loaded(&loaded, |p| {
-            p.rsplit('/')
-                .next()
-                .is_some_and(|n| n.starts_with("libc.so"))
-        })
-        .unwrap_or_else(|| panic!("no libc among the loaded objects {loaded:?}"));
-        let lib = open_loaded(libc).expect("reopening the loaded libc");
-        // SAFETY: only the address is taken.
-        let sym = unsafe { lib.get::<*const c_void>(b"malloc\0") }.expect("malloc");
-        let file = file_of(*sym).expect("dladdr names malloc's file");
-        assert!(file.contains("libc.so"), "{file}");
-        // RTLD_NOLOAD never loads: a library not in the process is an error.
-        assert!(
-            first_loaded(&loaded, |p| p.contains("libz3.so")).is_none(),
-            "the test process should not have libz3 loaded"
-        );
-        assert!(open_loaded("libz3.so.4").is_err());
+        assert_eq!(loaded::first(&objects[..1], is_hip_runtime_file), None);
     }
 
     #[test]

@@ -5,12 +5,26 @@
 //!
 //! # Runtime loading
 //!
-//! `libamdhip64` is opened with `dlopen` when a backend is created (names
-//! tried: `libamdhip64.so`, `libamdhip64.so.6`, `libamdhip64.so.7`,
-//! `$ROCM_PATH/lib/libamdhip64.so`, `/opt/rocm/lib/libamdhip64.so`), so the
-//! crate builds, links and starts on machines without ROCm; there,
-//! [`HipBackend::new`] returns [`Error::Unavailable`] naming the paths it
-//! tried.
+//! `libamdhip64` is opened with `dlopen` when a backend is created, so the
+//! crate builds, links and starts on machines without ROCm. A copy the
+//! process already holds is used first: the loaded objects are searched
+//! (`dl_iterate_phdr`) for a file named `libamdhip64.so[.N...]` and that copy
+//! is reopened with `RTLD_NOLOAD`, since a ROCm torch wheel loads its own from
+//! `torch/lib` and a second runtime would not know torch's streams, devices
+//! or memory. Otherwise the names tried are `libamdhip64.so`,
+//! `libamdhip64.so.6`, `libamdhip64.so.7`, `$ROCM_PATH/lib/libamdhip64.so`,
+//! `/opt/rocm/lib/libamdhip64.so`; where none loads, [`HipBackend::new`]
+//! returns [`Error::Unavailable`] naming the paths it tried. The file used
+//! (symbolic links resolved) is in `info`, in [`HipBackend::runtime_path`]
+//! and in every HIP error.
+//!
+//! # The caller's current device
+//!
+//! Everything that selects a device (opening, allocating, copying,
+//! launching, synchronizing, events, graphs) makes it current only for the
+//! call and then makes the caller's device current again (`hipGetDevice`
+//! before, `hipSetDevice` after), as the CUDA backend restores the caller's
+//! context: a call on a tensor of device 1 leaves torch's device 0 current.
 //!
 //! The bindings are this crate's own (`hip/ffi.rs`, about thirty C entry
 //! points over `libloading`) rather than `cubecl-hip-sys`: the backend needs
@@ -43,6 +57,7 @@
 //! team kernels need, on the backend's stream or the caller's.
 
 mod ffi;
+mod loaded;
 
 use self::ffi::{Api, HipError, Stream, HIP_ERROR_NO_DEVICE, HIP_SUCCESS};
 use super::gpu::{DeviceFacts, Driver, GpuBackend};
