@@ -86,9 +86,9 @@ struct Entry {
 }
 
 /// The table, joined across lines (a long signature wraps).
-fn table() -> Vec<Entry> {
-    let start = FFI.find("hip_api! {").expect("the hip_api! invocation");
-    let body = &FFI[start..];
+fn table(ffi: &str) -> Vec<Entry> {
+    let start = ffi.find("hip_api! {").expect("the hip_api! invocation");
+    let body = &ffi[start..];
     let body = &body[..body.find("\n}\n").expect("end of hip_api!")];
     let flat: String = body
         .lines()
@@ -120,8 +120,8 @@ fn split_args(s: &str) -> Vec<String> {
 }
 
 /// `pub(crate) const NAME: TYPE = VALUE;` items of ffi.rs.
-fn constants() -> Vec<(String, i64)> {
-    FFI.lines()
+fn constants(ffi: &str) -> Vec<(String, i64)> {
+    ffi.lines()
         .filter_map(|l| {
             let rest = l.trim().strip_prefix("pub(crate) const ")?;
             let (name, rest) = rest.split_once(':')?;
@@ -267,15 +267,17 @@ impl Header {
     }
 }
 
-#[test]
-fn ffi_matches_rocm_6_4_headers() {
+/// bindgen's view of the 6.4.3 headers, for the items `ffi` declares; None
+/// (after a loud SKIPPED) without the headers or libclang.
+fn generate(ffi: &str) -> Option<Header> {
     let include = rocm().join("include");
     let header = include.join("hip/hip_runtime_api.h");
     if !header.exists() {
-        return skip(&format!(
+        skip(&format!(
             "{} is missing (scripts/install-toolchains.sh extracts it)",
             header.display()
         ));
+        return None;
     }
     let libclang = std::env::var_os("LIBCLANG_PATH")
         .map(PathBuf::from)
@@ -283,14 +285,15 @@ fn ffi_matches_rocm_6_4_headers() {
             Path::new(env!("CARGO_MANIFEST_DIR")).join(".toolchains/libclang/clang/native")
         });
     if !libclang.join("libclang.so").exists() {
-        return skip(&format!(
+        skip(&format!(
             "no libclang.so in {} (set LIBCLANG_PATH)",
             libclang.display()
         ));
+        return None;
     }
     std::env::set_var("LIBCLANG_PATH", &libclang);
     let builtin = rocm().join("sysroot/usr/lib/llvm-21/lib/clang/21/include");
-    let entries = table();
+    let entries = table(ffi);
     let mut b = bindgen::Builder::default()
         // hip_deprecated.h holds the legacy R0000 layout; hip_runtime_api.h
         // does not include it.
@@ -329,8 +332,13 @@ fn ffi_matches_rocm_6_4_headers() {
     if let Some(out) = std::env::var_os("DSV4_KVCACHE_BINDGEN_OUT") {
         std::fs::write(&out, &text).expect("DSV4_KVCACHE_BINDGEN_OUT is writable");
     }
-    let h = Header::parse(&text);
+    Some(Header::parse(&text))
+}
 
+/// Every disagreement between `ffi` (the text of ffi.rs) and the headers,
+/// each naming its item.
+fn check(ffi: &str, h: &Header) -> Vec<String> {
+    let entries = table(ffi);
     let mut bad = Vec::new();
     // Functions.
     for e in &entries {
@@ -369,7 +377,7 @@ fn ffi_matches_rocm_6_4_headers() {
         }
     }
     // Constants.
-    let ours = constants();
+    let ours = constants(ffi);
     for (name, value) in &ours {
         let Some((_, meaning)) = CONSTANTS.iter().find(|(n, _)| n == name) else {
             bad.push(format!(
@@ -425,9 +433,39 @@ fn ffi_matches_rocm_6_4_headers() {
         h.sizes.get("hipDeviceProp_tR0600"),
         h.sizes.get("hipDeviceProp_tR0000")
     );
+    bad
+}
+
+#[test]
+fn ffi_matches_rocm_6_4_headers() {
+    let Some(h) = generate(FFI) else { return };
+    let bad = check(FFI, &h);
     assert!(
         bad.is_empty(),
         "ffi.rs disagrees with ROCm 6.4.3's headers:\n  {}",
         bad.join("\n  ")
     );
+}
+
+/// A copy of ffi.rs with a wrong enum value, a wrong parameter type and a
+/// wrong struct offset: each is reported by name.
+#[test]
+fn a_wrong_item_is_named() {
+    let wrong = FFI
+        .replace("MEMCPY_D2H: c_int = 2;", "MEMCPY_D2H: c_int = 4;")
+        .replace(
+            "fn(*mut c_void, c_int, usize, Stream) -> HipError",
+            "fn(*mut c_void, c_int, c_uint, Stream) -> HipError",
+        )
+        .replace(
+            "GCN_ARCH_NAME_OFFSET_R0600: usize = 1160;",
+            "GCN_ARCH_NAME_OFFSET_R0600: usize = 1164;",
+        );
+    assert_ne!(wrong, FFI);
+    let Some(h) = generate(&wrong) else { return };
+    let bad = check(&wrong, &h).join("\n");
+    for item in ["MEMCPY_D2H", "hipMemsetAsync", "GCN_ARCH_NAME_OFFSET_R0600"] {
+        assert!(bad.contains(item), "{item} is not named in:\n{bad}");
+    }
+    assert_eq!(bad.lines().count(), 3, "{bad}");
 }
