@@ -56,14 +56,14 @@ fn runtime_file() -> String {
         .into_owned()
 }
 
-/// Runs this test binary's `test` under sid's loader with CHILD set;
-/// returns its output after checking that it passed.
-fn run_child(run: &Path, test: &str) -> String {
+/// Runs this test binary's `test` under sid's loader with CHILD set to
+/// `value`; returns its output after checking that it passed.
+fn run_child(run: &Path, test: &str, value: &str) -> String {
     let me = std::env::current_exe().expect("test binary path");
     let out = Command::new(run)
         .arg(&me)
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
+        .env(CHILD, value)
         .env_remove("LD_LIBRARY_PATH")
         .env_remove("ROCM_PATH")
         .output()
@@ -138,6 +138,8 @@ fn real_runtime_symbols_and_no_device() {
             "the error does not name {file}: {reason}"
         );
         assert!(reason.contains("hipErrorNoDevice"), "{reason}");
+        // The copy loaded above, found among the loaded objects.
+        assert!(reason.contains("(already loaded)"), "{reason}");
         assert_eq!(
             reason.matches(". ").count(),
             0,
@@ -165,7 +167,7 @@ fn real_runtime_symbols_and_no_device() {
     let Some(run) = sid_run("real_runtime_symbols_and_no_device") else {
         return;
     };
-    let text = run_child(&run, "real_runtime_symbols_and_no_device");
+    let text = run_child(&run, "real_runtime_symbols_and_no_device", "1");
     print!("{text}");
 }
 
@@ -198,4 +200,69 @@ fn info_reports_no_amd_gpu_through_the_real_runtime() {
         hip.contains(&runtime_file()),
         "info does not name the runtime file: {hip}"
     );
+}
+
+/// The shared objects this process has mapped, from /proc/self/maps.
+fn mapped_files() -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    let mut v: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5).map(str::to_string))
+        .filter(|p| p.starts_with('/'))
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// As ROCm torch does: a copy of the runtime loaded from its own folder
+/// (here `.../torch/lib/libamdhip64.so.6`) before the backend starts, while
+/// the search path has another. The backend uses the loaded copy, names it,
+/// and never maps the other.
+#[test]
+fn preloaded_copy_from_an_unusual_path_is_used() {
+    if let Some(copy) = std::env::var_os(CHILD) {
+        let copy = PathBuf::from(copy);
+        // SAFETY: the HIP runtime's initializers only.
+        let _torch = unsafe { libloading::Library::new(&copy) }
+            .unwrap_or_else(|e| panic!("{} does not load: {e}", copy.display()));
+        let reason = match HipBackend::new(0) {
+            Err(Error::Unavailable { reason, .. }) => reason,
+            Err(e) => panic!("HipBackend::new(0): unexpected error kind: {e}"),
+            Ok(_) => panic!("HipBackend::new(0) opened a device without an AMD GPU"),
+        };
+        println!("HipBackend::new(0): {reason}");
+        // As the backend and /proc name it: links resolved.
+        let copy = std::fs::canonicalize(&copy)
+            .expect("the copy")
+            .display()
+            .to_string();
+        assert!(
+            reason.contains(&format!("{copy} (already loaded)")),
+            "the backend did not use {copy}: {reason}"
+        );
+        let hip: Vec<String> = mapped_files()
+            .into_iter()
+            .filter(|f| f.contains("libamdhip64"))
+            .collect();
+        assert_eq!(hip, vec![copy], "more than one HIP runtime is mapped");
+        return;
+    }
+    let Some(run) = sid_run("preloaded_copy_from_an_unusual_path_is_used") else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!(
+        "dsv4-rocm-preload-{}/site-packages/torch/lib",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let copy = dir.join("libamdhip64.so.6");
+    std::fs::copy(runtime_file(), &copy).expect("copying the runtime");
+    let text = run_child(
+        &run,
+        "preloaded_copy_from_an_unusual_path_is_used",
+        &copy.to_string_lossy(),
+    );
+    let _ = std::fs::remove_dir_all(dir.ancestors().nth(3).expect("temp root"));
+    print!("{text}");
 }
