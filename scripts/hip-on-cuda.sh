@@ -23,7 +23,10 @@
 # kind and value mix on MI355X), `verify` of the seed vectors and `demo --backend hip`;
 # then every injected fault through the CLI (an error naming what failed, no
 # panic, nothing left allocated), and the parity suite under
-# compute-sanitizer memcheck. Where there is no NVIDIA GPU it prints SKIPPED
+# compute-sanitizer memcheck; a copy of the runtime loaded from an unusual
+# path first (the backend must use it, not the one on the search path), and a
+# runtime reporting two devices (calls on one keep the caller's current
+# device). Where there is no NVIDIA GPU it prints SKIPPED
 # with the reason and exits 0.
 #
 # Environment: HIPCUDA_PARITY_CASES (cases per kind and value mix for the
@@ -169,7 +172,7 @@ run() {
             show_tail "$log"
         fi
 
-        logrun "$bin/hip_on_cuda" --nocapture
+        logrun "$bin/hip_on_cuda" --nocapture --skip preloaded_copy_is_used --skip second_device_leaves_the_callers_current
         if [ $rc -eq 0 ] && ! grep -q SKIPPED "$log"; then
             pass "$dev hip_on_cuda: device reports, sanitize switch, faults in process, no leaks"
         else
@@ -217,6 +220,30 @@ run() {
             fail "$dev: allocations, modules, graphs, streams or events left at exit"
         fi
     done
+
+    # A runtime already in the process (as ROCm torch loads its own from
+    # torch/lib): a copy under an unusual name and folder, loaded first; the
+    # copy on the search path must stay unmapped.
+    export HIPCUDA_DEVICE=mi300x
+    mkdir -p "$work/unusual/site-packages/torch/lib"
+    cp "$dir/libamdhip64.so" "$work/unusual/site-packages/torch/lib/libamdhip64.so.6.4.99"
+    : >"$HIPCUDA_REPORT"
+    logrun env HIPCUDA_PRELOAD="$work/unusual/site-packages/torch/lib/libamdhip64.so.6.4.99" \
+        "$bin/hip_on_cuda" preloaded_copy_is_used --exact --nocapture
+    if [ $rc -eq 0 ] && ! grep -q SKIPPED "$log" && grep -q "runtime used: .*unusual.*already loaded" "$log"; then
+        pass "preloaded runtime: $(grep -m1 -o "runtime used: .*" "$log" | cut -c1-160)"
+    else
+        fail "preloaded runtime used, the search path's copy not loaded (rc $rc)"
+        show_tail "$log"
+    fi
+    # Two devices reported (both on this GPU): calls on one keep the caller's current device.
+    logrun env HIPCUDA_DEVICE_COUNT=2 "$bin/hip_on_cuda" second_device_leaves_the_callers_current --exact --nocapture
+    if [ $rc -eq 0 ] && ! grep -q SKIPPED "$log" && grep -q "two devices: calls on each left" "$log"; then
+        pass "two devices: calls on device 1 leave device 0 current, and the reverse"
+    else
+        fail "two devices, the caller's current device restored (rc $rc)"
+        show_tail "$log"
+    fi
 
     # Faults through the CLI: an error naming the call (or the property) that
     # failed, the CLI's error exit (2, not a panic's 101), nothing left.

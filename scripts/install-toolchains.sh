@@ -3,6 +3,11 @@
 #   - nvcc (CUDA 13.0) from NVIDIA's wheels  -> .toolchains/py/nvidia/cu13/bin/nvcc
 #   - ziglang 0.17.0 (bundles clang 22, which compiles HIP device code for gfx942 and gfx950)
 #     with wrappers .toolchains/bin/{hip-clang,lld,ld.lld}
+#   - libclang 18.1.1 from PyPI into .toolchains/libclang (bindgen loads it at run time,
+#     tests/rocm_bindgen.rs)
+#   - ROCm 6.4.3 from Debian's archive (sid), extracted into .toolchains/rocm/ (scripts/rocm-debian.sh):
+#     the HIP headers and device libraries (the real-HIP kernel build), libamdhip64.so.6 and the sid
+#     loader and libraries it needs (the real runtime, loaded on a machine without an AMD GPU)
 # Idempotent: a step whose stamp file (recording its exact pins) is present is skipped.
 # Works from any cwd. Needs python3 with pip and network access to PyPI.
 set -euo pipefail
@@ -21,6 +26,7 @@ CUDA_PINS=(
     nvidia-cuda-cccl==13.0.85
 )
 ZIG_PINS=(ziglang==0.17.0)
+LIBCLANG_PINS=(libclang==18.1.1)
 
 mkdir -p "$PY" "$BIN" "$STAMPS"
 
@@ -31,8 +37,9 @@ fi
 
 # pip_step NAME CHECK_FILE PINS...: installs PINS into $PY unless the stamp for exactly
 # these pins exists and CHECK_FILE is present.
+# PIP_TARGET (default $PY) is the folder it installs into.
 pip_step() {
-    local name="$1" check="$2"
+    local name="$1" check="$2" target="${PIP_TARGET:-$PY}"
     shift 2
     local stamp="$STAMPS/$name"
     local want="$*"
@@ -44,7 +51,7 @@ pip_step() {
     local t0=$SECONDS
     # --upgrade: replace what an earlier, different pin left in the target dir.
     python3 -m pip install --disable-pip-version-check --no-warn-script-location \
-        --root-user-action=ignore --upgrade --target "$PY" "$@"
+        --root-user-action=ignore --upgrade --target "$target" "$@"
     if [[ ! -e "$check" ]]; then
         echo "install-toolchains: $name installed but $check is missing" >&2
         exit 1
@@ -57,6 +64,17 @@ pip_step() {
 INSTALLED=0
 pip_step cuda "$PY/nvidia/cu13/bin/nvcc" "${CUDA_PINS[@]}"
 pip_step zig "$PY/ziglang/zig" "${ZIG_PINS[@]}"
+# Its own folder: bindgen loads it by path (LIBCLANG_PATH), nothing imports it.
+PIP_TARGET="$TC/libclang" pip_step libclang "$TC/libclang/clang/native/libclang.so" "${LIBCLANG_PINS[@]}"
+# ROCm from Debian: its own stamp and pins (scripts/rocm-debian.sh); skipped when present.
+if ! bash "$REPO/scripts/rocm-debian.sh"; then
+    echo "install-toolchains: ROCm from Debian's archive failed (scripts/rocm-debian.sh)" >&2
+    exit 1
+fi
+if [[ -f "$STAMPS/rocm.fresh" ]]; then
+    rm -f "$STAMPS/rocm.fresh"
+    INSTALLED=1
+fi
 
 # Wrappers. They locate the py dir relative to themselves, so the repo can move.
 write_wrapper() {
@@ -97,7 +115,12 @@ cp "$SMOKE/k.cu" "$SMOKE/k.hip"
 "$NVCC" -cubin -arch=sm_90 -o "$SMOKE/k.cubin" "$SMOKE/k.cu"
 PATH="$BIN:$PATH" "$BIN/hip-clang" -x hip --cuda-device-only --offload-arch=gfx950 -nogpulib -nogpuinc \
     --no-gpu-bundle-output -O3 -o "$SMOKE/k.hsaco" "$SMOKE/k.hip"
-echo "install-toolchains: smoke test passed (nvcc sm_90 cubin, hip-clang gfx950 code object)"
+# The ROCm stand-in hipcc: the same kernel with ROCm's hip_runtime.h and device libraries.
+printf '%s\n' '#include <hip/hip_runtime.h>' \
+    'extern "C" __global__ void k(float* p) { p[threadIdx.x] = sqrtf(p[threadIdx.x]) / 3.0f; }' >"$SMOKE/r.hip"
+"$TC/rocm/bin/hipcc" -x hip --cuda-device-only --offload-arch=gfx942 --no-gpu-bundle-output -O3 \
+    -o "$SMOKE/r.hsaco" "$SMOKE/r.hip"
+echo "install-toolchains: smoke test passed (nvcc sm_90 cubin, hip-clang gfx950 code object, hipcc gfx942 with ROCm's headers)"
 
 # A fresh install must re-run build.rs, whose earlier run may have found no compiler.
 if ((INSTALLED)) && [[ -f "$REPO/build.rs" ]]; then
@@ -108,4 +131,6 @@ echo "install-toolchains: done. Installed in $TC:"
 echo "  nvcc      $NVCC  ($nvcc_ver)"
 echo "  hip-clang $BIN/hip-clang  ($clang_ver)"
 echo "  lld       $BIN/lld, $BIN/ld.lld  ($lld_ver)"
+echo "  libclang  $TC/libclang/clang/native/libclang.so (bindgen, tests/rocm_bindgen.rs)"
+echo "  ROCm      $TC/rocm (ROCM_PATH for a ROCm-host build; hipcc stand-in $TC/rocm/bin/hipcc)"
 echo "  build.rs finds these by itself; override with NVCC=..., HIPCC=... or HIP_CLANG=..."

@@ -7,6 +7,13 @@
 //! * the CUDA fatbin holds SASS for every target and ptxas reported no stack
 //!   frame and no spills for any function.
 //!
+//! * the HIP kernels built as on a ROCm host (build.rs with `ROCM_PATH` naming
+//!   the ROCm 6.4.3 that scripts/install-toolchains.sh extracts from Debian,
+//!   so `KV_HAVE_HIP_RUNTIME` with ROCm's `hip_runtime.h` and device
+//!   libraries) define the same kernels as the embedded freestanding build,
+//!   with the same parameter-block sizes, no scratch, equal LDS, and
+//!   registers within [`ROCM_VGPR_TOLERANCE`] and [`ROCM_SGPR_TOLERANCE`].
+//!
 //! A backend whose kernels were not embedded prints `SKIPPED: <why>`, unless
 //! `DSV4_KVCACHE_REQUIRE_KERNELS=1`, where that is a failure.
 
@@ -93,6 +100,7 @@ struct KernelMeta {
     sgpr: u64,
     agpr: u64,
     lds: u64,
+    kernarg: u64,
     private_segment: u64,
     sgpr_spill: u64,
     vgpr_spill: u64,
@@ -142,6 +150,7 @@ fn parse_metadata(arch: &str, desc: &[u8]) -> Vec<KernelMeta> {
                 sgpr: uint(m, ".sgpr_count", &name),
                 agpr: field(m, ".agpr_count").and_then(Value::as_u64).unwrap_or(0),
                 lds: uint(m, ".group_segment_fixed_size", &name),
+                kernarg: uint(m, ".kernarg_segment_size", &name),
                 private_segment: uint(m, ".private_segment_fixed_size", &name),
                 sgpr_spill: uint(m, ".sgpr_spill_count", &name),
                 vgpr_spill: uint(m, ".vgpr_spill_count", &name),
@@ -266,6 +275,156 @@ fn hip_code_objects() {
             "embedded {t} was not asked for"
         );
     }
+}
+
+// ------------------------------------------------- HIP as on a ROCm host ----
+
+/// How many more or fewer VGPRs a kernel may use when built with ROCm's
+/// headers and device libraries than in the freestanding build. None: on
+/// 2026-12-02 every kernel's VGPR, SGPR, AGPR and LDS counts were equal in
+/// both modes on both targets (docs/backends.md, "ROCm from Debian"); a
+/// difference is explained there before this is raised.
+const ROCM_VGPR_TOLERANCE: u64 = 0;
+/// The same for SGPRs.
+const ROCM_SGPR_TOLERANCE: u64 = 0;
+
+/// Runs build.rs as a ROCm host would (`ROCM_PATH` set, so it finds
+/// `$ROCM_PATH/bin/hipcc` and compiles `KV_HAVE_HIP_RUNTIME`) through
+/// `cargo check` in its own target directory; returns build.rs's OUT_DIR.
+fn rocm_host_build(rocm: &std::path::Path, archs: &str) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("rocm-host");
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(root)
+        .args([
+            "check",
+            "--lib",
+            "--no-default-features",
+            "--features",
+            "hip",
+        ])
+        .args(["--message-format=json", "--target-dir"])
+        .arg(&target)
+        .env("ROCM_PATH", rocm)
+        .env_remove("HIPCC")
+        .env_remove("HIP_CLANG")
+        .env("DSV4_KVCACHE_REQUIRE_KERNELS", "1")
+        .env("DSV4_KVCACHE_HIP_ARCHS", archs)
+        .output()
+        .expect("running cargo check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the ROCm-host build (ROCM_PATH={}) failed:\n{}{stdout}",
+        rocm.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "build-script-executed")
+        .filter(|v| {
+            v["package_id"]
+                .as_str()
+                .is_some_and(|p| p.contains("dsv4-kvcache"))
+        })
+        .find_map(|v| v["out_dir"].as_str().map(std::path::PathBuf::from))
+        .expect("cargo reported no build-script-executed for dsv4-kvcache")
+}
+
+#[test]
+fn rocm_host_build_matches_freestanding() {
+    let rocm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".toolchains/rocm");
+    if !rocm.join("bin/hipcc").exists() {
+        assert!(
+            !require_kernels(),
+            "DSV4_KVCACHE_REQUIRE_KERNELS=1 but {} has no ROCm (run scripts/install-toolchains.sh)",
+            rocm.display()
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n*** SKIPPED: no ROCm in {} (scripts/install-toolchains.sh extracts it); the ROCm-host build \
+             was not compared ***\n",
+            rocm.display()
+        );
+        return;
+    }
+    let archs = env_list("DSV4_KVCACHE_HIP_ARCHS", "gfx942,gfx950");
+    let compiler = kernels::hip_compiler().unwrap_or_default();
+    if archs.iter().any(|a| kernels::hip_code_object(a).is_none()) || compiler.contains("hipcc") {
+        // hip_code_objects reports missing objects; a hipcc build has no
+        // freestanding objects to compare with.
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n*** SKIPPED: the embedded HIP objects are not a complete freestanding build ({compiler}) ***\n"
+        );
+        assert!(!require_kernels() || compiler.contains("hipcc"));
+        return;
+    }
+    let out_dir = rocm_host_build(&rocm, &archs.join(","));
+    let generated =
+        std::fs::read_to_string(out_dir.join("kernels_embedded.rs")).expect("kernels_embedded.rs");
+    assert!(
+        generated.contains("rocm/bin/hipcc"),
+        "build.rs did not take {}/bin/hipcc from ROCM_PATH:\n{generated}",
+        rocm.display()
+    );
+    let names = kernel_names();
+    let mut beyond = Vec::new();
+    for arch in &archs {
+        let free = check_code_object(arch, kernels::hip_code_object(arch).unwrap(), &names);
+        let data = std::fs::read(out_dir.join(format!("kvcache-{arch}.hsaco")))
+            .expect("ROCm-host code object");
+        let real = check_code_object(arch, &data, &names);
+        println!(
+            "{arch}: freestanding {} bytes, ROCm 6.4.3 headers {} bytes",
+            kernels::hip_code_object(arch).unwrap().len(),
+            data.len()
+        );
+        println!(
+            "  {:<40} {:>9} {:>9} {:>9} {:>7}",
+            "kernel", "vgpr", "sgpr", "lds B", "args B"
+        );
+        for r in &real {
+            let f = free
+                .iter()
+                .find(|f| f.name == r.name)
+                .expect("same kernel list");
+            let k = &r.name;
+            println!(
+                "  {k:<40} {:>4}/{:<4} {:>4}/{:<4} {:>4}/{:<4} {:>7}",
+                f.vgpr, r.vgpr, f.sgpr, r.sgpr, f.lds, r.lds, r.kernarg
+            );
+            assert_eq!(
+                f.kernarg, r.kernarg,
+                "{arch}: {k}: parameter block {} B freestanding, {} B with ROCm's headers",
+                f.kernarg, r.kernarg
+            );
+            assert_eq!(
+                f.lds, r.lds,
+                "{arch}: {k}: LDS {} B freestanding, {} B with ROCm's headers",
+                f.lds, r.lds
+            );
+            if f.vgpr.abs_diff(r.vgpr) > ROCM_VGPR_TOLERANCE
+                || f.sgpr.abs_diff(r.sgpr) > ROCM_SGPR_TOLERANCE
+                || f.agpr != r.agpr
+            {
+                beyond.push(format!(
+                    "{arch} {k}: VGPR {} vs {}, SGPR {} vs {}, AGPR {} vs {}",
+                    f.vgpr, r.vgpr, f.sgpr, r.sgpr, f.agpr, r.agpr
+                ));
+            }
+        }
+    }
+    assert!(
+        beyond.is_empty(),
+        "registers beyond the tolerance (VGPR ±{ROCM_VGPR_TOLERANCE}, SGPR ±{ROCM_SGPR_TOLERANCE}, AGPR equal) \
+         between the freestanding and the ROCm-header builds:\n  {}",
+        beyond.join("\n  ")
+    );
 }
 
 // ------------------------------------------------------------------ CUDA ----

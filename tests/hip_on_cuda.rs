@@ -338,3 +338,141 @@ fn devices_faults_and_leaks() {
     assert!(c["faults_injected"] >= 7, "{c:?}");
     println!("hip-on-cuda counters: {c:?}");
 }
+
+/// `hipGetDevice` / `hipSetDevice` of the copy at `path` (already loaded).
+struct Current {
+    get: unsafe extern "C" fn(*mut c_int) -> c_int,
+    set: unsafe extern "C" fn(c_int) -> c_int,
+    _lib: libloading::Library,
+}
+
+impl Current {
+    fn open(path: &str) -> Current {
+        // SAFETY: the HIP runtime's initializers; the symbols have these signatures.
+        unsafe {
+            let lib = libloading::Library::new(path).expect("the test runtime");
+            Current {
+                get: *lib.get(b"hipGetDevice\0").expect("hipGetDevice"),
+                set: *lib.get(b"hipSetDevice\0").expect("hipSetDevice"),
+                _lib: lib,
+            }
+        }
+    }
+    fn get(&self) -> c_int {
+        let mut d = -1;
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { (self.get)(&mut d) }, 0, "hipGetDevice");
+        d
+    }
+    fn set(&self, d: c_int) {
+        // SAFETY: plain C call.
+        assert_eq!(unsafe { (self.set)(d) }, 0, "hipSetDevice({d})");
+    }
+}
+
+/// The shared objects this process has mapped, from /proc/self/maps.
+fn mapped_files() -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    let mut v: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5).map(str::to_string))
+        .filter(|p| p.starts_with('/'))
+        .collect();
+    v.dedup();
+    v
+}
+
+/// A copy of the runtime loaded from an unusual path before the backend
+/// starts (as ROCm torch loads its own from torch/lib), another copy on the
+/// loader's search path: the backend uses the first and never maps the
+/// second. `HIPCUDA_PRELOAD` names the first (scripts/hip-on-cuda.sh sets
+/// it, in a process of its own).
+#[test]
+fn preloaded_copy_is_used() {
+    let Ok(path) = std::env::var("HIPCUDA_PRELOAD") else {
+        return skip("HIPCUDA_PRELOAD is unset (scripts/hip-on-cuda.sh runs this test with it)");
+    };
+    // SAFETY: the test runtime's initializers only.
+    let lib = unsafe { libloading::Library::new(&path) }.expect("HIPCUDA_PRELOAD loads");
+    let counters: Counters = *unsafe { lib.get(b"hipcudaCounters\0") }.expect("hipcudaCounters");
+    let real = std::fs::canonicalize(&path).expect("canonical path");
+    let b = match HipBackend::new(0) {
+        Ok(b) => b,
+        Err(e) => return skip(&format!("the preloaded test runtime is loaded but: {e}")),
+    };
+    println!("runtime used: {}", b.runtime_path());
+    assert!(
+        b.runtime_path().starts_with(&real.display().to_string())
+            && b.runtime_path().contains("already loaded"),
+        "the backend did not use the preloaded {}: {}",
+        real.display(),
+        b.runtime_path()
+    );
+    let case = nan_insert_case(b.sanitize());
+    matches_reference(&b, &case, "preloaded copy");
+    let mut v = vec![0u64; 16];
+    // SAFETY: v holds 16 values.
+    unsafe { counters(v.as_mut_ptr(), v.len()) };
+    assert!(v[0] > 0, "the preloaded copy made no allocation: {v:?}");
+    let hip_copies: Vec<String> = mapped_files()
+        .into_iter()
+        .filter(|f| f.contains("libamdhip64") || f.contains("libhip_on_cuda"))
+        .collect();
+    assert_eq!(
+        hip_copies,
+        vec![real.display().to_string()],
+        "more than one HIP runtime is mapped"
+    );
+}
+
+/// A runtime reporting two devices (`HIPCUDA_DEVICE_COUNT=2`, both on the
+/// one GPU): the backend on device 1 leaves the caller's device 0 current
+/// after opening, allocating, copying, launching, synchronizing and timing,
+/// and the backend on device 0 leaves device 1 current.
+#[test]
+fn second_device_leaves_the_callers_current() {
+    if std::env::var("HIPCUDA_DEVICE_COUNT").as_deref() != Ok("2") {
+        return skip(
+            "HIPCUDA_DEVICE_COUNT is not 2 (scripts/hip-on-cuda.sh runs this test with it)",
+        );
+    }
+    if let Err(reason) = Shim::open() {
+        return skip(&reason);
+    }
+    let cur = Current::open("libamdhip64.so");
+    cur.set(0);
+    let b1 = match HipBackend::new(1) {
+        Ok(b) => b,
+        Err(e) => return skip(&format!("the test runtime is loaded but: {e}")),
+    };
+    assert_eq!(b1.device(), 1);
+    assert_eq!(
+        cur.get(),
+        0,
+        "HipBackend::new(1) changed the current device"
+    );
+    let case = nan_insert_case(b1.sanitize());
+    matches_reference(&b1, &case, "device 1");
+    assert_eq!(
+        cur.get(),
+        0,
+        "a call on device 1 changed the current device"
+    );
+    b1.time_copy(1 << 20, 2).expect("a timed copy on device 1");
+    assert_eq!(
+        cur.get(),
+        0,
+        "timing on device 1 changed the current device"
+    );
+    cur.set(1);
+    let b0 = HipBackend::new(0).expect("device 0");
+    matches_reference(&b0, &case, "device 0");
+    assert_eq!(
+        cur.get(),
+        1,
+        "a call on device 0 changed the current device"
+    );
+    drop((b0, b1));
+    assert_eq!(cur.get(), 1);
+    println!("two devices: calls on each left the caller's current device");
+}

@@ -142,9 +142,13 @@ fn ok(r: cu::CUresult) -> HipError {
     }
 }
 
-/// Process-wide state: the primary context of each CUDA device.
+/// Process-wide state: the primary context of each HIP device, and the
+/// CUDA device each stands for (`HIPCUDA_DEVICE_COUNT=N` reports N devices,
+/// device i on CUDA device i mod the real count, so one GPU can test code
+/// that switches devices).
 struct Global {
     contexts: Vec<cu::CUcontext>,
+    cuda: Vec<c_int>,
 }
 
 // SAFETY: CUDA contexts are process-wide handles usable from any thread.
@@ -174,6 +178,7 @@ fn global() -> Result<&'static Global, HipError> {
                 return Err(NO_DEVICE);
             }
             let mut contexts = Vec::new();
+            let mut cuda = Vec::new();
             for d in 0..n {
                 let mut dev = 0;
                 let mut ctx = null_mut();
@@ -186,6 +191,15 @@ fn global() -> Result<&'static Global, HipError> {
                     return Err(code(r));
                 }
                 contexts.push(ctx);
+                cuda.push(dev);
+            }
+            let wanted = std::env::var("HIPCUDA_DEVICE_COUNT")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            for i in contexts.len()..wanted {
+                contexts.push(contexts[i % n as usize]);
+                cuda.push(cuda[i % n as usize]);
             }
             faults::init_from_env();
             if std::env::var_os("HIPCUDA_REPORT").is_some() {
@@ -194,7 +208,7 @@ fn global() -> Result<&'static Global, HipError> {
                 }
                 atexit(report_at_exit);
             }
-            Ok(Global { contexts })
+            Ok(Global { contexts, cuda })
         })
         .as_ref()
         .map_err(|e| *e)
@@ -418,6 +432,18 @@ pub unsafe extern "C" fn hipSetDevice(device: c_int) -> HipError {
     }
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn hipGetDevice(device: *mut c_int) -> HipError {
+    if device.is_null() {
+        return INVALID_VALUE;
+    }
+    if let Err(e) = global() {
+        return e;
+    }
+    *device = CURRENT.with(|c| c.get());
+    SUCCESS
+}
+
 entry!(hipDeviceGet(device: *mut c_int, ordinal: c_int) {
     let n = global().map_or(0, |g| g.contexts.len());
     if device.is_null() || ordinal < 0 || ordinal as usize >= n {
@@ -447,7 +473,8 @@ entry!(hipDeviceGetName(name: *mut c_char, len: c_int, device: c_int) {
 
 fn real_total_mem(device: c_int) -> Result<usize, HipError> {
     let mut bytes = 0usize;
-    match unsafe { cu::cuDeviceTotalMem_v2(&mut bytes, device) } {
+    let cuda = global()?.cuda[device as usize];
+    match unsafe { cu::cuDeviceTotalMem_v2(&mut bytes, cuda) } {
         cu::CUresult::CUDA_SUCCESS => Ok(bytes),
         r => Err(code(r)),
     }

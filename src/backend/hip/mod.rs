@@ -5,12 +5,26 @@
 //!
 //! # Runtime loading
 //!
-//! `libamdhip64` is opened with `dlopen` when a backend is created (names
-//! tried: `libamdhip64.so`, `libamdhip64.so.6`, `libamdhip64.so.7`,
-//! `$ROCM_PATH/lib/libamdhip64.so`, `/opt/rocm/lib/libamdhip64.so`), so the
-//! crate builds, links and starts on machines without ROCm; there,
-//! [`HipBackend::new`] returns [`Error::Unavailable`] naming the paths it
-//! tried.
+//! `libamdhip64` is opened with `dlopen` when a backend is created, so the
+//! crate builds, links and starts on machines without ROCm. A copy the
+//! process already holds is used first: the loaded objects are searched
+//! (`dl_iterate_phdr`) for a file named `libamdhip64.so[.N...]` and that copy
+//! is reopened with `RTLD_NOLOAD`, since a ROCm torch wheel loads its own from
+//! `torch/lib` and a second runtime would not know torch's streams, devices
+//! or memory. Otherwise the names tried are `libamdhip64.so`,
+//! `libamdhip64.so.6`, `libamdhip64.so.7`, `$ROCM_PATH/lib/libamdhip64.so`,
+//! `/opt/rocm/lib/libamdhip64.so`; where none loads, [`HipBackend::new`]
+//! returns [`Error::Unavailable`] naming the paths it tried. The file used
+//! (symbolic links resolved) is in `info`, in [`HipBackend::runtime_path`]
+//! and in every HIP error.
+//!
+//! # The caller's current device
+//!
+//! Everything that selects a device (opening, allocating, copying,
+//! launching, synchronizing, events, graphs) makes it current only for the
+//! call and then makes the caller's device current again (`hipGetDevice`
+//! before, `hipSetDevice` after), as the CUDA backend restores the caller's
+//! context: a call on a tensor of device 1 leaves torch's device 0 current.
 //!
 //! The bindings are this crate's own (`hip/ffi.rs`, about thirty C entry
 //! points over `libloading`) rather than `cubecl-hip-sys`: the backend needs
@@ -43,6 +57,7 @@
 //! team kernels need, on the backend's stream or the caller's.
 
 mod ffi;
+mod loaded;
 
 use self::ffi::{Api, HipError, Stream, HIP_ERROR_NO_DEVICE, HIP_SUCCESS};
 use super::gpu::{DeviceFacts, Driver, GpuBackend};
@@ -86,6 +101,49 @@ unsafe impl Sync for Handle {}
 
 impl Handle {
     const NULL: Handle = Handle(null_mut());
+}
+
+/// The caller's current HIP device, made current again on drop (as the
+/// CUDA backend restores the caller's context): a ROCm torch process keeps
+/// its own current device, which a call on a tensor of another device must
+/// not change.
+struct DeviceGuard<'a> {
+    api: &'a Api,
+    /// The device to restore, when `select` changed it.
+    previous: Option<c_int>,
+}
+
+impl<'a> DeviceGuard<'a> {
+    /// Makes `device` current on this thread (no call when it already is).
+    fn select(api: &'a Api, device: c_int) -> Result<Self> {
+        let mut current: c_int = -1;
+        // SAFETY: valid out-pointer.
+        check(api, "hipGetDevice", unsafe {
+            (api.get_device)(&mut current)
+        })?;
+        if current == device {
+            return Ok(DeviceGuard {
+                api,
+                previous: None,
+            });
+        }
+        // SAFETY: plain C call; an invalid ordinal is an error code.
+        check(api, "hipSetDevice", unsafe { (api.set_device)(device) })?;
+        Ok(DeviceGuard {
+            api,
+            previous: Some(current),
+        })
+    }
+}
+
+impl Drop for DeviceGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.previous {
+            // SAFETY: d was current a moment ago, so it is a valid ordinal;
+            // an error cannot be reported from drop.
+            unsafe { (self.api.set_device)(d) };
+        }
+    }
 }
 
 /// A `hipMalloc` allocation, freed on drop.
@@ -172,13 +230,10 @@ impl HipDriver {
             )));
         }
         let ordinal = device as c_int;
-        // SAFETY: plain C call with a valid ordinal.
-        setup(
-            &api,
-            "hipSetDevice",
-            unsafe { (api.set_device)(ordinal) },
-            &format!("for device {device}"),
-        )?;
+        // The stream and the module belong to the device current while they
+        // are created; the caller's device is current again on return.
+        let _current = DeviceGuard::select(&api, ordinal)
+            .map_err(|e| unavailable(format!("{e} (for device {device})")))?;
         let name = device_name(&api, ordinal)?;
         let arch = device_arch(&api, ordinal)?;
         let target = arch.code_object_target().map_err(|e| match e {
@@ -270,14 +325,12 @@ impl HipDriver {
         check(&self.api, call, code)
     }
 
-    /// Makes the device current on this thread: a null stream means the
+    /// Makes the device current on this thread until the guard drops, when
+    /// the caller's device is current again: a null stream means the
     /// thread's current device, and allocations go to it (a thread-local
     /// setting; it neither allocates nor waits).
-    fn select_device(&self) -> Result<()> {
-        // SAFETY: plain C call with the ordinal opened in open().
-        self.check("hipSetDevice", unsafe {
-            (self.api.set_device)(self.facts.ordinal as c_int)
-        })
+    fn select_device(&self) -> Result<DeviceGuard<'_>> {
+        DeviceGuard::select(&self.api, self.facts.ordinal as c_int)
     }
 
     fn memcpy(
@@ -288,7 +341,7 @@ impl HipDriver {
         kind: c_int,
         stream: RawStream,
     ) -> Result<()> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         // SAFETY: the callers vouch for both ranges (see the Driver methods).
         let code = unsafe { (self.api.memcpy_async)(dst, src, len, kind, stream.as_ptr()) };
         self.check("hipMemcpyAsync", code)
@@ -372,7 +425,7 @@ unsafe impl Driver for HipDriver {
     }
 
     fn alloc(&self, len: usize) -> Result<(HipMemory, u64)> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         let mut p = null_mut();
         // A zero-byte request returns null: allocate one byte.
         // SAFETY: valid out-pointer.
@@ -389,7 +442,7 @@ unsafe impl Driver for HipDriver {
     }
 
     unsafe fn memset(&self, dst: u64, value: u8, len: usize, stream: RawStream) -> Result<()> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         let code =
             (self.api.memset_async)(dst as *mut c_void, c_int::from(value), len, stream.as_ptr());
         self.check("hipMemsetAsync", code)
@@ -432,7 +485,7 @@ unsafe impl Driver for HipDriver {
     }
 
     fn synchronize(&self, stream: RawStream) -> Result<()> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         // SAFETY: the stream is the driver's own or one the caller vouched for.
         self.check("hipStreamSynchronize", unsafe {
             (self.api.stream_synchronize)(stream.as_ptr())
@@ -448,7 +501,7 @@ unsafe impl Driver for HipDriver {
         stream: RawStream,
         params: *mut c_void,
     ) -> Result<()> {
-        self.select_device()?;
+        let _current = self.select_device()?;
         let mut args = [params];
         let code = (self.api.module_launch_kernel)(
             function.0,
@@ -477,6 +530,7 @@ unsafe impl Driver for HipDriver {
 
     fn end_capture(&self) -> Result<Option<HipGraphExec>> {
         self.graph_api()?;
+        let _current = self.select_device()?;
         let (end, inst) = (
             self.api.stream_end_capture.expect("checked"),
             self.api.graph_instantiate.expect("checked"),
@@ -504,11 +558,13 @@ unsafe impl Driver for HipDriver {
 
     unsafe fn launch_graph(&self, graph: &HipGraphExec) -> Result<()> {
         self.graph_api()?;
+        let _current = self.select_device()?;
         let launch = self.api.graph_launch.expect("checked");
         self.check("hipGraphLaunch", launch(graph.exec.0, self.stream.0))
     }
 
     fn create_event(&self) -> Result<HipEvent> {
+        let _current = self.select_device()?;
         let mut e = null_mut();
         // SAFETY: valid out-pointer.
         self.check("hipEventCreate", unsafe { (self.api.event_create)(&mut e) })?;
@@ -591,7 +647,7 @@ fn check(api: &Api, call: &'static str, code: HipError) -> Result<()> {
         Err(Error::Driver {
             backend: BACKEND,
             call,
-            message: api.error_message(code),
+            message: format!("{} (HIP runtime {})", api.error_message(code), api.path),
         })
     }
 }
