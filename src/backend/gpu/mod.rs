@@ -351,11 +351,12 @@ impl<D: Driver> GpuBackend<D> {
         t: &[Bound<'_, S>; 6],
         counters: u64,
         stream: RawStream,
+        sanitize: bool,
     ) -> Result<()> {
         if p.n == 0 {
             return Ok(());
         }
-        let params = kernel_abi::insert_params(p, &bind::insert_ptrs(t, counters), self.sanitize);
+        let params = kernel_abi::insert_params(p, &bind::insert_ptrs(t, counters), sanitize);
         self.launch(self.policy.insert_launch(p), &params, stream)
     }
 
@@ -384,6 +385,7 @@ impl<D: Driver> GpuBackend<D> {
         t: &[Bound<'_, S>; 14],
         counters: u64,
         stream: RawStream,
+        sanitize: bool,
     ) -> Result<()> {
         if p.compress.n == 0 {
             return Ok(());
@@ -392,7 +394,7 @@ impl<D: Driver> GpuBackend<D> {
             p,
             &bind::compress_ptrs(&t[..10], counters),
             &bind::fused_insert_ptrs(t, counters),
-            self.sanitize,
+            sanitize,
         );
         self.launch(self.policy.fused_launch(p), &params, stream)
     }
@@ -422,6 +424,10 @@ impl<D: Driver> GpuBackend<D> {
     /// `rope_quant_insert` over caller-owned device memory on the caller's
     /// stream. Skipped tokens are counted at `raw_counters` (3 `u32`: slot,
     /// position, index) or, when `None`, in this backend's counters.
+    /// `sanitize` (NaN sanitizing, `semantics.md`) is this call's own, as in
+    /// [`crate::CpuBackend::rope_quant_insert_host`]: the backend's setting
+    /// ([`Backend::sanitize`]) applies to the safe API only, so threads
+    /// sharing a backend never see each other's choice.
     ///
     /// Checks, in this order on every backend: the arguments as in the safe
     /// API (dtypes, shapes, strides, offsets and, against each
@@ -454,6 +460,7 @@ impl<D: Driver> GpuBackend<D> {
         args: &InsertArgs<'_, RawDevice>,
         stream: RawStream,
         raw_counters: Option<u64>,
+        sanitize: bool,
     ) -> Result<()> {
         let p = plan_insert(args)?;
         if p.n == 0 {
@@ -464,7 +471,7 @@ impl<D: Driver> GpuBackend<D> {
         let t = bind::insert(args);
         bind::check_raw(&t)?;
         let c = self.raw_counters(raw_counters)?;
-        self.insert_on(&p, &t, c, stream)
+        self.insert_on(&p, &t, c, stream, sanitize)
     }
 
     /// `fused_save_compress_norm` over caller-owned device memory on the
@@ -526,6 +533,7 @@ impl<D: Driver> GpuBackend<D> {
         args: &FusedArgs<'_, RawDevice>,
         stream: RawStream,
         raw_counters: Option<u64>,
+        sanitize: bool,
     ) -> Result<()> {
         let p = plan_fused(args)?;
         if p.compress.n == 0 {
@@ -536,7 +544,7 @@ impl<D: Driver> GpuBackend<D> {
         let t = bind::fused(args, &p);
         bind::check_raw(&t)?;
         let c = self.raw_counters(raw_counters)?;
-        self.fused_on(&p, &t, c, stream)
+        self.fused_on(&p, &t, c, stream, sanitize)
     }
 
     /// `gather_dequant` over caller-owned device memory on the caller's
@@ -918,7 +926,7 @@ impl<D: Driver> Backend for GpuBackend<D> {
         let t = bind::insert(&a);
         self.own_all(&t)?;
         // SAFETY: as in `fused_save_compress_norm`.
-        unsafe { self.insert_on(&p, &t, self.counters_ptr, self.stream()) }
+        unsafe { self.insert_on(&p, &t, self.counters_ptr, self.stream(), self.sanitize) }
     }
 
     fn save_ring_rows(&self, a: RingArgs<'_, DeviceBuffer<D>>) -> Result<()> {
@@ -934,7 +942,7 @@ impl<D: Driver> Backend for GpuBackend<D> {
         let t = bind::fused(&a, &p);
         self.own_all(&t)?;
         // SAFETY: as in `fused_save_compress_norm`.
-        unsafe { self.fused_on(&p, &t, self.counters_ptr, self.stream()) }
+        unsafe { self.fused_on(&p, &t, self.counters_ptr, self.stream(), self.sanitize) }
     }
 
     fn gather_dequant(&self, a: GatherArgs<'_, DeviceBuffer<D>>) -> Result<()> {
