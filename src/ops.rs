@@ -9,6 +9,12 @@ use crate::error::{Error, Result};
 use crate::layout::{RecordLayout, DIM};
 use crate::tensor::{DType, Storage, Tensor, TensorDesc, TensorMut};
 
+mod tensors;
+pub use tensors::{
+    Bound, CompressTensors, FusedInsertTensors, FusedTensors, GatherTensors, InsertTensors,
+    RingTensors, Role, ROW_ALIGN,
+};
+
 /// Arguments of `fused_save_compress_norm` (names as in the seed).
 pub struct CompressArgs<'a, S: ?Sized> {
     /// FP32 `[tokens, 512]` (CR1) or `[tokens, 1024]` = `[kv | score]` (CR2).
