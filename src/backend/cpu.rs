@@ -92,17 +92,6 @@ fn rd_u16(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
 }
 
-/// Element `i` of an index tensor.
-#[inline]
-pub(crate) fn rd_index(b: &[u8], p: &IndexPlan, i: usize) -> i64 {
-    if p.is_i64 {
-        let o = p.offset + 8 * i;
-        i64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
-    } else {
-        rd_u32(b, p.offset + 4 * i) as i32 as i64
-    }
-}
-
 fn rd_f32_row(b: &[u8], p: &RowsPlan, row: usize, out: &mut [f32]) {
     let base = p.offset + 4 * row * p.row_stride;
     for (j, o) in out.iter_mut().enumerate() {
@@ -137,7 +126,7 @@ impl<'a> Ix<'a> {
     }
     #[inline]
     fn at(&self, i: usize) -> i64 {
-        rd_index(self.b, &self.p, i)
+        self.p.read(self.b, i)
     }
     fn reqs(&self) -> usize {
         self.p.len - 1

@@ -7,7 +7,7 @@
 //! argument everywhere. Fields are read by name, never by position.
 
 use super::{CompressArgs, FusedArgs, InsertArgs, RingArgs};
-use crate::gather::{GatherArgs, GatherIndex};
+use super::{GatherArgs, GatherIndex};
 use crate::tensor::{Tensor, TensorDesc, TensorMut};
 
 /// Whether a kernel reads or writes a tensor.
