@@ -443,7 +443,7 @@ fn _reference_rope_quant_insert(
         compress_ratio,
         fp8_scale,
     )?;
-    reference::insert(&v, sanitize)
+    py.detach(|| reference::insert(&v, sanitize))
 }
 
 #[pyfunction]
@@ -481,7 +481,7 @@ fn _reference_fused_save_compress_norm(
         prev_rows,
         prev_row_indices,
     )?;
-    reference::compress(&v)
+    py.detach(|| reference::compress(&v))
 }
 
 #[pyfunction]
@@ -493,7 +493,7 @@ fn _reference_save_ring_rows(
 ) -> PyResult<(u64, u64, u64)> {
     let t = torch(py)?;
     let (_, v) = read_ring(py, t, rows, slot_mapping, state_cache)?;
-    reference::ring(&v)
+    py.detach(|| reference::ring(&v))
 }
 
 #[pyfunction]
@@ -542,7 +542,7 @@ fn _reference_fused_compress_insert(
         prev_row_indices,
         skip_latent_out,
     )?;
-    reference::fused(&v, sanitize)
+    py.detach(|| reference::fused(&v, sanitize))
 }
 
 /// Reads every argument as a tensor argument and launches nothing: the
