@@ -493,8 +493,8 @@ mod tests {
     /// The value of `#define name value` in the kernel source.
     fn kernel_define(name: &str) -> u64 {
         const SOURCES: [&str; 2] = [
-            include_str!("../kernels-hip/kv_abi.h"),
-            include_str!("../kernels-hip/kvcache.hip"),
+            include_str!("../../kernels-hip/kv_abi.h"),
+            include_str!("../../kernels-hip/kvcache.hip"),
         ];
         let line = SOURCES
             .iter()

@@ -276,7 +276,7 @@ mod tests {
 
     /// The value of `#define name value` in kv_abi.h.
     fn abi_define(name: &str) -> u32 {
-        let line = include_str!("../../kernels-hip/kv_abi.h")
+        let line = include_str!("../../../kernels-hip/kv_abi.h")
             .lines()
             .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
             .unwrap_or_else(|| panic!("kv_abi.h defines {name}"));
