@@ -346,21 +346,17 @@ mod tests {
     use super::*;
     use crate::tensor::{DType, TensorDesc};
 
-    fn written<S: ?Sized>(each: impl FnOnce(&mut dyn FnMut(&Bound<'_, S>))) -> Vec<&'static str> {
-        let mut v = Vec::new();
-        each(&mut |b| {
-            if b.role == Role::Written {
-                v.push(b.arg)
-            }
-        });
-        v
+    fn written<S: ?Sized>(list: Vec<Bound<'_, S>>) -> Vec<&'static str> {
+        list.iter()
+            .filter(|b| b.role == Role::Written)
+            .map(|b| b.arg)
+            .collect()
     }
 
     #[test]
     fn written_tensors_are_the_documented_outputs() {
         let buf = vec![0u8; 64];
         let (mut a, mut b, mut o) = (buf.clone(), buf.clone(), buf.clone());
-        let _ = &buf;
         let d = TensorDesc::contiguous(DType::I32, &[1]);
         let t = || Tensor::new(&buf, d);
         let args = InsertArgs {
@@ -373,20 +369,14 @@ mod tests {
             fp8_scale: Some(t()),
         };
         let tab = args.tensors();
-        assert_eq!(
-            written(|f| tab.each(|b| Ok::<_, ()>(f(b))).unwrap()),
-            ["kv_cache"]
-        );
+        assert_eq!(written(tab.list()), ["kv_cache"]);
         let ring_args = RingArgs {
             rows: t(),
             slot_mapping: t(),
             state_cache: TensorMut::new(&mut b, d),
         };
         let tab = ring_args.tensors();
-        assert_eq!(
-            written(|f| tab.each(|b| Ok::<_, ()>(f(b))).unwrap()),
-            ["state_cache"]
-        );
+        assert_eq!(written(tab.list()), ["state_cache"]);
         let gather_args = GatherArgs {
             kv_cache: t(),
             index: GatherIndex::Slots { slot_mapping: t() },
@@ -394,10 +384,7 @@ mod tests {
             out: TensorMut::new(&mut o, d),
         };
         let tab = gather_args.tensors();
-        assert_eq!(
-            written(|f| tab.each(|b| Ok::<_, ()>(f(b))).unwrap()),
-            ["out"]
-        );
+        assert_eq!(written(tab.list()), ["out"]);
         assert!(tab.block_table.buf.is_none() && tab.slot_mapping.buf.is_some());
     }
 }
