@@ -30,7 +30,8 @@ bundle() {
     mkdir -p "$out/bin" "$out/vectors" "$out/old"
     local strip=(cp)
     command -v objcopy >/dev/null && strip=(objcopy --strip-debug)
-    "${strip[@]}" target/release/dsv4-kvcache "$out/bin/dsv4-kvcache"
+    local tdir="${CARGO_TARGET_DIR:-target}"
+    "${strip[@]}" "$tdir/release/dsv4-kvcache" "$out/bin/dsv4-kvcache"
     local t path
     for t in "${TESTS[@]}"; do
         path="$(printf '%s\n' "$list" | sed -n "s|.*Executable tests/$t\.rs (\(.*\))|\1|p" | tail -1)"

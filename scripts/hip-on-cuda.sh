@@ -52,8 +52,9 @@ bundle() {
     # Debug info stripped: the bundle travels.
     local strip=(cp)
     command -v objcopy >/dev/null && strip=(objcopy --strip-debug)
-    "${strip[@]}" target/release/libhip_on_cuda.so "$out/libamdhip64.so"
-    "${strip[@]}" target/release/dsv4-kvcache "$out/bin/dsv4-kvcache"
+    local tdir="${CARGO_TARGET_DIR:-target}"
+    "${strip[@]}" "$tdir/release/libhip_on_cuda.so" "$out/libamdhip64.so"
+    "${strip[@]}" "$tdir/release/dsv4-kvcache" "$out/bin/dsv4-kvcache"
     local t path
     for t in device_parity hip_backend hip_on_cuda; do
         # "Executable tests/NAME.rs (target/release/deps/NAME-HASH)"
@@ -308,7 +309,7 @@ case "${1:-}" in
         run "$2"
         ;;
     "")
-        out="$here/../target/hip-on-cuda"
+        out="${CARGO_TARGET_DIR:-$here/../target}/hip-on-cuda"
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
             bundle "$out" && run "$out"
         else

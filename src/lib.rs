@@ -20,21 +20,19 @@
 
 #![warn(missing_docs)]
 
+// The layers, top to bottom: backend → device → operations → numerics.
 pub mod backend;
-pub mod detect;
+pub mod device;
 pub mod error;
-pub mod formats;
-pub mod gather;
-pub mod kernel_abi;
-pub mod kernels;
-pub mod launch;
-pub mod layout;
-pub mod math;
-pub mod ops;
-pub mod reference;
-pub mod tensor;
+pub mod numerics;
+pub mod operations;
 pub mod testkit;
 pub mod vectors;
+
+// Each module also at the crate root, where callers have always named it.
+pub use device::{detect, kernel_abi, kernels, launch};
+pub use numerics::{formats, layout, math, reference};
+pub use operations::{gather, ops, tensor};
 
 pub use backend::cpu::CpuBackend;
 #[cfg(feature = "cuda")]

@@ -334,7 +334,7 @@ fn graph_replay_matches_eager_and_cpu() -> Result<()> {
     run_case(
         &mut raw,
         |a| unsafe { gpu.fused_save_compress_norm_raw(&a, stream, None) },
-        |a| unsafe { gpu.rope_quant_insert_raw(&a, stream, None) },
+        |a| unsafe { gpu.rope_quant_insert_raw(&a, stream, None, gpu.sanitize()) },
     )?;
     assert_same("raw API vs eager", &outputs(&gpu, &x)?, &eager);
     assert_eq!(gpu.take_skip_counts()?, want_counts, "raw API skip counts");
@@ -361,6 +361,7 @@ fn graph_replay_matches_eager_and_cpu() -> Result<()> {
             },
             stream,
             None,
+            false,
         )
     }
     .unwrap_err();

@@ -319,7 +319,8 @@ fn raw_errors<D: Driver>(b: &GpuBackend<D>) -> Vec<Error> {
             fp8_scale: None,
         };
         // SAFETY: every call below is refused before anything is launched.
-        unsafe { b.rope_quant_insert_raw(&args, b.stream(), counters) }.expect_err("a bad raw call")
+        unsafe { b.rope_quant_insert_raw(&args, b.stream(), counters, false) }
+            .expect_err("a bad raw call")
     };
     let (lat, pos, cch) = (latent.as_raw(), idx.as_raw(), cache.as_raw());
     let null = |r: RawDevice| RawDevice::new(0, r.len);
@@ -480,7 +481,7 @@ fn raw_calls_without_tokens_launch_nothing_and_accept_null_addresses() {
             fp8_scale: None,
         };
         // SAFETY: no token: nothing is read, written or launched.
-        unsafe { b.rope_quant_insert_raw(&args, b.stream(), None) }
+        unsafe { b.rope_quant_insert_raw(&args, b.stream(), None, false) }
     };
     call(512, &mut null_cache).expect("an empty call is not an error");
     assert!(b.driver().launched.lock().unwrap().is_empty());

@@ -14,9 +14,9 @@ use std::path::PathBuf;
 mod gpu_required;
 
 fn seed_files() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors");
+    let dir = gpu_required::vectors_dir();
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("tests/vectors exists")
+        .unwrap_or_else(|e| panic!("vector folder {}: {e}", dir.display()))
         .map(|e| e.expect("dir entry").path())
         .filter(|p| {
             p.file_name()

@@ -7,7 +7,7 @@
 use crate::tensor::{map_err, Dev, Torch, View};
 use dsv4_kvcache::backend::cpu::RawHost;
 #[cfg(any(feature = "cuda", feature = "hip"))]
-use dsv4_kvcache::backend::RawStream;
+use dsv4_kvcache::backend::{RawDevice, RawStream};
 use dsv4_kvcache::detect::SanitizePolicy;
 use dsv4_kvcache::{
     Backend, CompressArgs, CpuBackend, FusedArgs, GatherArgs, GatherIndex, InsertArgs, RingArgs,
@@ -76,7 +76,7 @@ pub struct GatherViews {
 }
 
 /// Caller memory as one backend's raw storage type.
-trait Mem: dsv4_kvcache::tensor::Storage + Sized {
+pub(crate) trait Mem: dsv4_kvcache::tensor::Storage + Sized {
     fn of(v: &View) -> Self;
 }
 
@@ -228,7 +228,7 @@ fn fused_mems<M: Mem>(v: &FusedViews) -> (Mems<M, 10>, Mems<M, 4>) {
 /// A backend kept per device, with the sanitize setting its device gets
 /// when the caller does not choose (auto: on for gfx950 only, or what
 /// `DSV4_KVCACHE_SANITIZE` says).
-struct Kept<B> {
+pub(crate) struct Kept<B> {
     backend: B,
     auto_sanitize: bool,
 }
@@ -290,20 +290,19 @@ fn cpu() -> PyResult<&'static Kept<CpuBackend>> {
 mod gpus {
     use super::*;
     use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     /// One vendor's backends by device index.
-    pub type Backends<D> = Mutex<Vec<Option<Kept<GpuBackend<D>>>>>;
+    pub type Backends<D> = Mutex<Vec<Option<Arc<Kept<GpuBackend<D>>>>>>;
 
-    /// Runs `f` on device `index`'s backend (opened with `open` at its first
-    /// use) with sanitizing set for this call; the lock serializes calls.
-    pub fn with<D: Driver, R>(
+    /// Device `index`'s backend, opened with `open` at its first use. The
+    /// lock covers only the lookup: launches on a kept backend share it
+    /// (sanitize is each call's argument, not the backend's state).
+    pub fn get<D: Driver>(
         backends: &Backends<D>,
         index: i32,
-        sanitize: Option<bool>,
         open: fn(usize) -> dsv4_kvcache::Result<GpuBackend<D>>,
-        f: impl FnOnce(&GpuBackend<D>) -> dsv4_kvcache::Result<R>,
-    ) -> PyResult<R> {
+    ) -> PyResult<Arc<Kept<GpuBackend<D>>>> {
         let i = usize::try_from(index)
             .map_err(|_| PyRuntimeError::new_err(format!("bad GPU device index {index}")))?;
         let mut g = backends.lock().unwrap_or_else(|e| e.into_inner());
@@ -312,19 +311,15 @@ mod gpus {
         }
         if g[i].is_none() {
             let backend = open(i).map_err(map_err)?;
-            // The backend starts with the device's automatic setting.
+            // The device's automatic setting (on for gfx950 only, or what
+            // `DSV4_KVCACHE_SANITIZE` says).
             let auto_sanitize = backend.sanitize();
-            g[i] = Some(Kept {
+            g[i] = Some(Arc::new(Kept {
                 backend,
                 auto_sanitize,
-            });
+            }));
         }
-        let k = g[i].as_mut().expect("just set");
-        let s = sanitize.unwrap_or(k.auto_sanitize);
-        if k.backend.sanitize() != s {
-            k.backend.set_sanitize(s);
-        }
-        f(&k.backend).map_err(map_err)
+        Ok(g[i].clone().expect("just set"))
     }
 
     /// The skip counts of device `index`'s backend, if it was created.
@@ -332,9 +327,36 @@ mod gpus {
         backends: &Backends<D>,
         index: usize,
     ) -> Option<PyResult<SkipCounts>> {
-        let g = backends.lock().unwrap_or_else(|e| e.into_inner());
-        let k = g.get(index)?.as_ref()?;
+        let k = backends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(index)?
+            .clone()?;
         Some(k.backend.take_skip_counts().map_err(map_err))
+    }
+
+    /// One backend on one stream, as a [`Target`].
+    pub struct OnStream<'a, D: Driver>(pub &'a GpuBackend<D>, pub RawStream);
+
+    // SAFETY (all methods): the caller's contract, forwarded; the counters
+    // are the backend's own.
+    impl<D: Driver> Target for OnStream<'_, D> {
+        type Mem = RawDevice;
+        unsafe fn insert(&self, a: &InsertArgs<'_, RawDevice>, s: bool) -> Res {
+            self.0.rope_quant_insert_raw(a, self.1, None, s)
+        }
+        unsafe fn compress(&self, a: &CompressArgs<'_, RawDevice>) -> Res {
+            self.0.fused_save_compress_norm_raw(a, self.1, None)
+        }
+        unsafe fn ring(&self, a: &RingArgs<'_, RawDevice>) -> Res {
+            self.0.save_ring_rows_raw(a, self.1, None)
+        }
+        unsafe fn fused(&self, a: &FusedArgs<'_, RawDevice>, s: bool) -> Res {
+            self.0.fused_compress_insert_raw(a, self.1, None, s)
+        }
+        unsafe fn gather(&self, a: &GatherArgs<'_, RawDevice>) -> Res {
+            self.0.gather_dequant_raw(a, self.1, None)
+        }
     }
 }
 
@@ -346,15 +368,16 @@ mod cuda {
 
     pub static BACKENDS: gpus::Backends<CudaDriver> = std::sync::Mutex::new(Vec::new());
 
-    /// [`gpus::with`] for CUDA device `index`.
+    /// Runs `f` on CUDA device `index`'s backend with its automatic sanitize
+    /// setting, leaving the caller's current context as it was.
     pub fn with<R>(
         index: i32,
-        sanitize: Option<bool>,
-        f: impl FnOnce(&CudaBackend) -> dsv4_kvcache::Result<R>,
+        f: impl FnOnce(&CudaBackend, bool) -> dsv4_kvcache::Result<R>,
     ) -> PyResult<R> {
         use cudarc::driver::result::ctx;
         let before = ctx::get_current().ok().flatten();
-        let r = gpus::with(&BACKENDS, index, sanitize, CudaBackend::new, f);
+        let r = gpus::get(&BACKENDS, index, CudaBackend::new)
+            .and_then(|k| f(&k.backend, k.auto_sanitize).map_err(map_err));
         // Creating the backend and launching make this device's primary
         // context current; torch's current device follows the current
         // context, so put back the one the caller had (a thread-local
@@ -378,13 +401,14 @@ mod hip {
 
     pub static BACKENDS: gpus::Backends<HipDriver> = std::sync::Mutex::new(Vec::new());
 
-    /// [`gpus::with`] for HIP device `index`.
+    /// Runs `f` on HIP device `index`'s backend with its automatic sanitize
+    /// setting.
     pub fn with<R>(
         index: i32,
-        sanitize: Option<bool>,
-        f: impl FnOnce(&HipBackend) -> dsv4_kvcache::Result<R>,
+        f: impl FnOnce(&HipBackend, bool) -> dsv4_kvcache::Result<R>,
     ) -> PyResult<R> {
-        gpus::with(&BACKENDS, index, sanitize, HipBackend::new, f)
+        gpus::get(&BACKENDS, index, HipBackend::new)
+            .and_then(|k| f(&k.backend, k.auto_sanitize).map_err(map_err))
     }
 }
 
@@ -420,176 +444,139 @@ fn gpu(py: Python<'_>, t: &Torch, index: i32) -> PyResult<Gpu> {
     }
 }
 
-// ---- the four operations ---------------------------------------------------------
+// ---- the operations, dispatched once ---------------------------------------------
 
-/// `rope_quant_insert` on the tensors' device.
-pub fn rope_quant_insert(
+type Res = dsv4_kvcache::Result<()>;
+
+/// A backend's way to run the five operations over caller memory: the CPU
+/// on host pointers, a GPU on one stream. Sanitize is each call's argument.
+pub(crate) trait Target {
+    /// The caller-memory type its entry points take.
+    type Mem: Mem;
+    /// # Safety
+    /// The views are live memory of this target's device, as the backend's
+    /// `*_raw` / `*_host` contracts state.
+    unsafe fn insert(&self, a: &InsertArgs<'_, Self::Mem>, sanitize: bool) -> Res;
+    /// # Safety
+    /// As for [`Target::insert`].
+    unsafe fn compress(&self, a: &CompressArgs<'_, Self::Mem>) -> Res;
+    /// # Safety
+    /// As for [`Target::insert`].
+    unsafe fn ring(&self, a: &RingArgs<'_, Self::Mem>) -> Res;
+    /// # Safety
+    /// As for [`Target::insert`].
+    unsafe fn fused(&self, a: &FusedArgs<'_, Self::Mem>, sanitize: bool) -> Res;
+    /// # Safety
+    /// As for [`Target::insert`].
+    unsafe fn gather(&self, a: &GatherArgs<'_, Self::Mem>) -> Res;
+}
+
+/// The CPU backend over the tensors' own host memory.
+struct Host<'a>(&'a CpuBackend);
+
+// SAFETY (all methods): the caller's contract, forwarded.
+impl Target for Host<'_> {
+    type Mem = RawHost;
+    unsafe fn insert(&self, a: &InsertArgs<'_, RawHost>, s: bool) -> Res {
+        self.0.rope_quant_insert_host(a, s)
+    }
+    unsafe fn compress(&self, a: &CompressArgs<'_, RawHost>) -> Res {
+        self.0.fused_save_compress_norm_host(a)
+    }
+    unsafe fn ring(&self, a: &RingArgs<'_, RawHost>) -> Res {
+        self.0.save_ring_rows_host(a)
+    }
+    unsafe fn fused(&self, a: &FusedArgs<'_, RawHost>, s: bool) -> Res {
+        self.0.fused_compress_insert_host(a, s)
+    }
+    unsafe fn gather(&self, a: &GatherArgs<'_, RawHost>) -> Res {
+        self.0.gather_dequant_host(a)
+    }
+}
+
+/// An operation's tensors as read from Python, run on any [`Target`].
+pub(crate) trait Op: Sync {
+    /// Binds the views as `T::Mem` and runs the operation.
+    ///
+    /// # Safety
+    /// The views are live memory of `t`'s device.
+    unsafe fn run_on<T: Target>(&self, t: &T, sanitize: bool) -> Res;
+}
+
+impl Op for InsertViews {
+    unsafe fn run_on<T: Target>(&self, t: &T, sanitize: bool) -> Res {
+        let mut m = insert_mems::<T::Mem>(self);
+        t.insert(&insert_args(self, &mut m), sanitize)
+    }
+}
+
+impl Op for CompressViews {
+    unsafe fn run_on<T: Target>(&self, t: &T, _sanitize: bool) -> Res {
+        let mut m = compress_mems::<T::Mem>(self);
+        t.compress(&compress_args(self, &mut m))
+    }
+}
+
+impl Op for RingViews {
+    unsafe fn run_on<T: Target>(&self, t: &T, _sanitize: bool) -> Res {
+        let mut m = Mems::<T::Mem, 3>::new(ring_list(self));
+        t.ring(&ring_args(self, &mut m))
+    }
+}
+
+impl Op for FusedViews {
+    unsafe fn run_on<T: Target>(&self, t: &T, sanitize: bool) -> Res {
+        let (mut c, mut m) = fused_mems::<T::Mem>(self);
+        t.fused(&fused_args(self, &mut c, &mut m), sanitize)
+    }
+}
+
+impl Op for GatherViews {
+    unsafe fn run_on<T: Target>(&self, t: &T, _sanitize: bool) -> Res {
+        let mut m = gather_mems::<T::Mem>(self);
+        t.gather(&gather_args(self, &mut m))
+    }
+}
+
+/// Runs `op` on the tensors' device: the one place that chooses between the
+/// CPU, CUDA and HIP. `sanitize`: NaN sanitizing for this call, `None` = the
+/// device's default. The GIL is released while the backend works (it reads
+/// only the views' addresses, never a Python object).
+pub(crate) fn run(
     py: Python<'_>,
     t: &Torch,
     dev: Dev,
-    v: &InsertViews,
+    op: &impl Op,
     sanitize: Option<bool>,
 ) -> PyResult<()> {
     match dev {
         Dev::Cpu => {
             let k = cpu()?;
-            let mut m = insert_mems::<RawHost>(v);
-            let a = insert_args(v, &mut m);
+            let s = sanitize.unwrap_or(k.auto_sanitize);
             // SAFETY: the views are torch tensors' memory, valid for `len`
-            // bytes (their storage); the GIL is held, so no Python code
-            // touches them during the call.
-            unsafe {
-                k.backend
-                    .rope_quant_insert_host(&a, sanitize.unwrap_or(k.auto_sanitize))
-            }
-            .map_err(map_err)
+            // bytes (their storage), which the caller keeps alive for the
+            // call; as with torch's own ops, other threads must not write
+            // them meanwhile.
+            py.detach(|| unsafe { op.run_on(&Host(&k.backend), s) })
+                .map_err(map_err)
         }
         Dev::Cuda(index) => match gpu(py, t, index)? {
             #[cfg(feature = "cuda")]
-            Gpu::Cuda(i, stream) => cuda::with(i, sanitize, |b| {
-                let mut m = insert_mems(v);
-                let a = insert_args(v, &mut m);
-                // SAFETY: device memory of torch's tensors on this device
-                // (primary context), ordered on torch's current stream.
-                unsafe { b.rope_quant_insert_raw(&a, RawStream(stream as usize), None) }
+            Gpu::Cuda(i, stream) => py.detach(|| {
+                cuda::with(i, |b, auto| {
+                    let on = gpus::OnStream(b, RawStream(stream as usize));
+                    // SAFETY: device memory of torch's tensors on this device
+                    // (primary context), ordered on torch's current stream.
+                    unsafe { op.run_on(&on, sanitize.unwrap_or(auto)) }
+                })
             }),
             #[cfg(feature = "hip")]
-            Gpu::Hip(i, stream) => hip::with(i, sanitize, |b| {
-                let mut m = insert_mems(v);
-                let a = insert_args(v, &mut m);
-                // SAFETY: as above, on torch's current HIP stream.
-                unsafe { b.rope_quant_insert_raw(&a, RawStream(stream as usize), None) }
-            }),
-        },
-    }
-}
-
-/// `fused_save_compress_norm` on the tensors' device.
-pub fn fused_save_compress_norm(
-    py: Python<'_>,
-    t: &Torch,
-    dev: Dev,
-    v: &CompressViews,
-) -> PyResult<()> {
-    match dev {
-        Dev::Cpu => {
-            let k = cpu()?;
-            let mut m = compress_mems::<RawHost>(v);
-            let a = compress_args(v, &mut m);
-            // SAFETY: as in `rope_quant_insert`.
-            unsafe { k.backend.fused_save_compress_norm_host(&a) }.map_err(map_err)
-        }
-        Dev::Cuda(index) => match gpu(py, t, index)? {
-            #[cfg(feature = "cuda")]
-            Gpu::Cuda(i, stream) => cuda::with(i, None, |b| {
-                let mut m = compress_mems(v);
-                let a = compress_args(v, &mut m);
-                // SAFETY: as in `rope_quant_insert`.
-                unsafe { b.fused_save_compress_norm_raw(&a, RawStream(stream as usize), None) }
-            }),
-            #[cfg(feature = "hip")]
-            Gpu::Hip(i, stream) => hip::with(i, None, |b| {
-                let mut m = compress_mems(v);
-                let a = compress_args(v, &mut m);
-                // SAFETY: as in `rope_quant_insert`.
-                unsafe { b.fused_save_compress_norm_raw(&a, RawStream(stream as usize), None) }
-            }),
-        },
-    }
-}
-
-/// `save_ring_rows` on the tensors' device.
-pub fn save_ring_rows(py: Python<'_>, t: &Torch, dev: Dev, v: &RingViews) -> PyResult<()> {
-    match dev {
-        Dev::Cpu => {
-            let k = cpu()?;
-            let mut m = Mems::<RawHost, 3>::new(ring_list(v));
-            let a = ring_args(v, &mut m);
-            // SAFETY: as in `rope_quant_insert`.
-            unsafe { k.backend.save_ring_rows_host(&a) }.map_err(map_err)
-        }
-        Dev::Cuda(index) => match gpu(py, t, index)? {
-            #[cfg(feature = "cuda")]
-            Gpu::Cuda(i, stream) => cuda::with(i, None, |b| {
-                let mut m = Mems::new(ring_list(v));
-                let a = ring_args(v, &mut m);
-                // SAFETY: as in `rope_quant_insert`.
-                unsafe { b.save_ring_rows_raw(&a, RawStream(stream as usize), None) }
-            }),
-            #[cfg(feature = "hip")]
-            Gpu::Hip(i, stream) => hip::with(i, None, |b| {
-                let mut m = Mems::new(ring_list(v));
-                let a = ring_args(v, &mut m);
-                // SAFETY: as in `rope_quant_insert`.
-                unsafe { b.save_ring_rows_raw(&a, RawStream(stream as usize), None) }
-            }),
-        },
-    }
-}
-
-/// The fused compress + insert on the tensors' device.
-pub fn fused_compress_insert(
-    py: Python<'_>,
-    t: &Torch,
-    dev: Dev,
-    v: &FusedViews,
-    sanitize: Option<bool>,
-) -> PyResult<()> {
-    match dev {
-        Dev::Cpu => {
-            let k = cpu()?;
-            let (mut c, mut m) = fused_mems::<RawHost>(v);
-            let a = fused_args(v, &mut c, &mut m);
-            // SAFETY: as in `rope_quant_insert`.
-            unsafe {
-                k.backend
-                    .fused_compress_insert_host(&a, sanitize.unwrap_or(k.auto_sanitize))
-            }
-            .map_err(map_err)
-        }
-        Dev::Cuda(index) => match gpu(py, t, index)? {
-            #[cfg(feature = "cuda")]
-            Gpu::Cuda(i, stream) => cuda::with(i, sanitize, |b| {
-                let (mut c, mut m) = fused_mems(v);
-                let a = fused_args(v, &mut c, &mut m);
-                // SAFETY: as in `rope_quant_insert`.
-                unsafe { b.fused_compress_insert_raw(&a, RawStream(stream as usize), None) }
-            }),
-            #[cfg(feature = "hip")]
-            Gpu::Hip(i, stream) => hip::with(i, sanitize, |b| {
-                let (mut c, mut m) = fused_mems(v);
-                let a = fused_args(v, &mut c, &mut m);
-                // SAFETY: as in `rope_quant_insert`.
-                unsafe { b.fused_compress_insert_raw(&a, RawStream(stream as usize), None) }
-            }),
-        },
-    }
-}
-
-/// `gather_dequant` on the tensors' device.
-pub fn gather_dequant(py: Python<'_>, t: &Torch, dev: Dev, v: &GatherViews) -> PyResult<()> {
-    match dev {
-        Dev::Cpu => {
-            let k = cpu()?;
-            let mut m = gather_mems::<RawHost>(v);
-            let a = gather_args(v, &mut m);
-            // SAFETY: as in `rope_quant_insert`.
-            unsafe { k.backend.gather_dequant_host(&a) }.map_err(map_err)
-        }
-        Dev::Cuda(index) => match gpu(py, t, index)? {
-            #[cfg(feature = "cuda")]
-            Gpu::Cuda(i, stream) => cuda::with(i, None, |b| {
-                let mut m = gather_mems(v);
-                let a = gather_args(v, &mut m);
-                // SAFETY: as in `rope_quant_insert`.
-                unsafe { b.gather_dequant_raw(&a, RawStream(stream as usize), None) }
-            }),
-            #[cfg(feature = "hip")]
-            Gpu::Hip(i, stream) => hip::with(i, None, |b| {
-                let mut m = gather_mems(v);
-                let a = gather_args(v, &mut m);
-                // SAFETY: as in `rope_quant_insert`.
-                unsafe { b.gather_dequant_raw(&a, RawStream(stream as usize), None) }
+            Gpu::Hip(i, stream) => py.detach(|| {
+                hip::with(i, |b, auto| {
+                    let on = gpus::OnStream(b, RawStream(stream as usize));
+                    // SAFETY: as above, on torch's current HIP stream.
+                    unsafe { op.run_on(&on, sanitize.unwrap_or(auto)) }
+                })
             }),
         },
     }
@@ -625,9 +612,9 @@ pub fn init(py: Python<'_>, t: &Torch, dev: Dev) -> PyResult<String> {
         Dev::Cpu => Ok(cpu()?.backend.name()),
         Dev::Cuda(index) => match gpu(py, t, index)? {
             #[cfg(feature = "cuda")]
-            Gpu::Cuda(i, _) => cuda::with(i, None, |b| Ok(b.name())),
+            Gpu::Cuda(i, _) => cuda::with(i, |b, _| Ok(b.name())),
             #[cfg(feature = "hip")]
-            Gpu::Hip(i, _) => hip::with(i, None, |b| Ok(b.name())),
+            Gpu::Hip(i, _) => hip::with(i, |b, _| Ok(b.name())),
         },
     }
 }

@@ -158,7 +158,7 @@ fn fused_save_compress_norm(
         prev_row_indices,
     )?;
     let dev = common_device(&compress_list(&v))?;
-    device::fused_save_compress_norm(py, t, dev, &v)
+    device::run(py, t, dev, &v, None)
 }
 
 /// Apply GPT-J RoPE and publish a latent to the compressed KV cache (the
@@ -190,7 +190,7 @@ fn rope_quant_insert(
         compress_ratio,
         fp8_scale,
     )?;
-    device::rope_quant_insert(py, t, dev, &v, sanitize)
+    device::run(py, t, dev, &v, sanitize)
 }
 
 /// Store FP32 [kv, score] rows to their ring slots, skipping slot -1 (the
@@ -205,7 +205,7 @@ fn save_ring_rows(
 ) -> PyResult<()> {
     let t = torch(py)?;
     let (dev, v) = read_ring(py, t, rows, slot_mapping, state_cache)?;
-    device::save_ring_rows(py, t, dev, &v)
+    device::run(py, t, dev, &v, None)
 }
 
 /// Read records back: gather them from a paged cache and write them
@@ -273,7 +273,7 @@ fn gather_dequant(
         ("fp8_scale", v.fp8_scale.as_ref()),
         ("out", Some(&v.out)),
     ])?;
-    device::gather_dequant(py, t, dev, &v)
+    device::run(py, t, dev, &v, None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -384,7 +384,7 @@ fn fused_compress_insert(
         prev_row_indices,
         skip_latent_out,
     )?;
-    device::fused_compress_insert(py, t, dev, &v, sanitize)
+    device::run(py, t, dev, &v, sanitize)
 }
 
 /// Takes and resets the skip counts of the backend of `device_type`
@@ -443,7 +443,7 @@ fn _reference_rope_quant_insert(
         compress_ratio,
         fp8_scale,
     )?;
-    reference::insert(&v, sanitize)
+    py.detach(|| reference::insert(&v, sanitize))
 }
 
 #[pyfunction]
@@ -481,7 +481,7 @@ fn _reference_fused_save_compress_norm(
         prev_rows,
         prev_row_indices,
     )?;
-    reference::compress(&v)
+    py.detach(|| reference::compress(&v))
 }
 
 #[pyfunction]
@@ -493,7 +493,7 @@ fn _reference_save_ring_rows(
 ) -> PyResult<(u64, u64, u64)> {
     let t = torch(py)?;
     let (_, v) = read_ring(py, t, rows, slot_mapping, state_cache)?;
-    reference::ring(&v)
+    py.detach(|| reference::ring(&v))
 }
 
 #[pyfunction]
@@ -542,7 +542,7 @@ fn _reference_fused_compress_insert(
         prev_row_indices,
         skip_latent_out,
     )?;
-    reference::fused(&v, sanitize)
+    py.detach(|| reference::fused(&v, sanitize))
 }
 
 /// Reads every argument as a tensor argument and launches nothing: the

@@ -28,7 +28,8 @@ fn copy_in(arg: &'static str, v: &View) -> PyResult<Vec<u8>> {
     if n == 0 {
         return Ok(Vec::new());
     }
-    // SAFETY: a CPU tensor's view lies in its storage (checked above); the GIL is held.
+    // SAFETY: a CPU tensor's view lies in its storage (checked above), which
+    // the calling Python frame keeps alive for the call.
     Ok(unsafe { std::slice::from_raw_parts(v.ptr as *const u8, n) }.to_vec())
 }
 

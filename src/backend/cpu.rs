@@ -12,8 +12,9 @@ use crate::formats::bf16_to_f32;
 use crate::gather::{gather_reference, plan_gather, GatherArgs, GatherIndex};
 use crate::layout::{RecordLayout, DIM};
 use crate::ops::{
-    plan_compress, plan_fused, plan_insert, plan_ring_rows, CachePlan, CompressArgs, CompressPlan,
-    FusedArgs, IndexPlan, InsertArgs, InsertPlan, RingArgs, RingPlan, RowsPlan, SkipCounts,
+    plan_compress, plan_fused, plan_insert, plan_ring_rows, Bound, CachePlan, CompressArgs,
+    CompressPlan, FusedArgs, IndexPlan, InsertArgs, InsertPlan, RingArgs, RingPlan, Role, RowsPlan,
+    SkipCounts,
 };
 use crate::reference::{encode_record, pool_rows, rms_norm, Record};
 use crate::tensor::{Storage, Tensor, TensorDesc, TensorMut};
@@ -91,17 +92,6 @@ fn rd_u16(b: &[u8], off: usize) -> u16 {
     u16::from_le_bytes([b[off], b[off + 1]])
 }
 
-/// Element `i` of an index tensor.
-#[inline]
-pub(crate) fn rd_index(b: &[u8], p: &IndexPlan, i: usize) -> i64 {
-    if p.is_i64 {
-        let o = p.offset + 8 * i;
-        i64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
-    } else {
-        rd_u32(b, p.offset + 4 * i) as i32 as i64
-    }
-}
-
 fn rd_f32_row(b: &[u8], p: &RowsPlan, row: usize, out: &mut [f32]) {
     let base = p.offset + 4 * row * p.row_stride;
     for (j, o) in out.iter_mut().enumerate() {
@@ -136,7 +126,7 @@ impl<'a> Ix<'a> {
     }
     #[inline]
     fn at(&self, i: usize) -> i64 {
-        rd_index(self.b, &self.p, i)
+        self.p.read(self.b, i)
     }
     fn reqs(&self) -> usize {
         self.p.len - 1
@@ -728,23 +718,23 @@ fn host_span(t: (&RawHost, &TensorDesc)) -> Option<(usize, usize)> {
     (end > d.offset).then(|| (b.ptr as usize + d.offset, b.ptr as usize + end))
 }
 
-/// Rejects a written view that shares bytes with any other view: the CPU
-/// backend reads and writes through separate slices, which must not alias.
-fn host_disjoint(
-    written: &[(&'static str, Option<(usize, usize)>)],
-    all: &[(&'static str, Option<(usize, usize)>)],
-) -> Result<()> {
-    for &(w, ws) in written {
-        let Some((a0, a1)) = ws else { continue };
-        for &(o, os) in all {
-            if o == w {
-                continue;
-            }
-            if let Some((b0, b1)) = os {
+/// Rejects a written view that shares bytes with any other view of the
+/// operation's tensor table: the CPU backend reads and writes through
+/// separate slices, which must not alias.
+fn host_disjoint(table: &[Bound<'_, RawHost>]) -> Result<()> {
+    let span = |b: &Bound<'_, RawHost>| {
+        b.buf
+            .filter(|_| b.end > b.offset)
+            .map(|h| (h.ptr as usize + b.offset, h.ptr as usize + b.end))
+    };
+    for w in table.iter().filter(|b| b.role == Role::Written) {
+        let Some((a0, a1)) = span(w) else { continue };
+        for o in table.iter().filter(|o| o.arg != w.arg) {
+            if let Some((b0, b1)) = span(o) {
                 if a0 < b1 && b0 < a1 {
                     return Err(Error::Value {
-                        arg: w,
-                        problem: format!("shares memory with {o}; a written tensor must not overlap another argument"),
+                        arg: w.arg,
+                        problem: format!("shares memory with {}; a written tensor must not overlap another argument", o.arg),
                     });
                 }
             }
@@ -786,14 +776,6 @@ unsafe fn host_slice_mut<'a>(b: &RawHost, desc: &TensorDesc) -> (&'a mut [u8], T
     }
 }
 
-fn span_of(t: &Tensor<'_, RawHost>) -> Option<(usize, usize)> {
-    host_span((t.buf, &t.desc))
-}
-
-fn span_of_mut(t: &TensorMut<'_, RawHost>) -> Option<(usize, usize)> {
-    host_span((&*t.buf, &t.desc))
-}
-
 /// A read-only view of caller memory from its first byte, offset dropped
 /// and shape kept (so an empty view still validates as it did).
 ///
@@ -824,35 +806,7 @@ macro_rules! bind_rw {
 
 /// CR1 ignores the ring-side arguments (as the seed does), so they are
 /// neither bound nor checked.
-fn host_compress_spans(
-    a: &CompressArgs<'_, RawHost>,
-) -> Vec<(&'static str, Option<(usize, usize)>)> {
-    let mut v = vec![
-        ("kv_score", span_of(&a.kv_score)),
-        ("positions", span_of(&a.positions)),
-        ("slot_mapping", span_of(&a.slot_mapping)),
-        ("rms_norm_weight", span_of(&a.rms_norm_weight)),
-        ("latent_out", span_of_mut(&a.latent_out)),
-    ];
-    if a.compress_ratio == 2 {
-        v.push(("state_cache", a.state_cache.as_ref().and_then(span_of_mut)));
-        v.push((
-            "query_start_loc",
-            a.query_start_loc.as_ref().and_then(span_of),
-        ));
-        v.push((
-            "token_to_req_indices",
-            a.token_to_req_indices.as_ref().and_then(span_of),
-        ));
-        v.push(("prev_rows", a.prev_rows.as_ref().and_then(span_of)));
-        v.push((
-            "prev_row_indices",
-            a.prev_row_indices.as_ref().and_then(span_of),
-        ));
-    }
-    v
-}
-
+///
 /// # Safety
 /// As [`CpuBackend::fused_save_compress_norm_host`], after validation.
 unsafe fn bind_compress_host<'a>(a: &CompressArgs<'a, RawHost>) -> CompressArgs<'a, [u8]> {
@@ -908,15 +862,7 @@ impl CpuBackend {
         sanitize: bool,
     ) -> Result<()> {
         plan_insert(a)?;
-        let spans = [
-            ("latent", span_of(&a.latent)),
-            ("positions", span_of(&a.positions)),
-            ("cos_sin_cache", span_of(&a.cos_sin_cache)),
-            ("slot_mapping", span_of(&a.slot_mapping)),
-            ("fp8_scale", a.fp8_scale.as_ref().and_then(span_of)),
-            ("kv_cache", span_of_mut(&a.kv_cache)),
-        ];
-        host_disjoint(&spans[5..], &spans)?;
+        host_disjoint(&a.tensors().list())?;
         // SAFETY: validated extents; the written view is disjoint from the rest.
         let bound = unsafe {
             InsertArgs {
@@ -941,13 +887,7 @@ impl CpuBackend {
         a: &CompressArgs<'_, RawHost>,
     ) -> Result<()> {
         plan_compress(a)?;
-        let spans = host_compress_spans(a);
-        let written: Vec<_> = spans
-            .iter()
-            .copied()
-            .filter(|s| matches!(s.0, "latent_out" | "state_cache"))
-            .collect();
-        host_disjoint(&written, &spans)?;
+        host_disjoint(&a.tensors().list())?;
         // SAFETY: validated, disjoint.
         self.compress_on(unsafe { bind_compress_host(a) })
     }
@@ -958,12 +898,7 @@ impl CpuBackend {
     /// See the `impl` block.
     pub unsafe fn save_ring_rows_host(&self, a: &RingArgs<'_, RawHost>) -> Result<()> {
         plan_ring_rows(a)?;
-        let spans = [
-            ("rows", span_of(&a.rows)),
-            ("slot_mapping", span_of(&a.slot_mapping)),
-            ("state_cache", span_of_mut(&a.state_cache)),
-        ];
-        host_disjoint(&spans[2..], &spans)?;
+        host_disjoint(&a.tensors().list())?;
         // SAFETY: validated, disjoint.
         let bound = unsafe {
             RingArgs {
@@ -981,28 +916,7 @@ impl CpuBackend {
     /// See the `impl` block.
     pub unsafe fn gather_dequant_host(&self, a: &GatherArgs<'_, RawHost>) -> Result<()> {
         let p = plan_gather(a)?;
-        let mut spans = vec![("kv_cache", span_of(&a.kv_cache))];
-        match &a.index {
-            GatherIndex::Slots { slot_mapping } => {
-                spans.push(("slot_mapping", span_of(slot_mapping)));
-            }
-            GatherIndex::BlockTable {
-                block_table,
-                cu_seq_lens,
-                seq_starts,
-            } => {
-                spans.push(("block_table", span_of(block_table)));
-                spans.push(("cu_seq_lens", span_of(cu_seq_lens)));
-                if let Some(s) = seq_starts {
-                    spans.push(("seq_starts", span_of(s)));
-                }
-            }
-        }
-        if let Some(f) = &a.fp8_scale {
-            spans.push(("fp8_scale", span_of(f)));
-        }
-        spans.push(("out", span_of_mut(&a.out)));
-        host_disjoint(&spans[spans.len() - 1..], &spans)?;
+        host_disjoint(&a.tensors().list())?;
         // SAFETY: validated, disjoint. Each view is bound from its first
         // byte with its offset dropped (empty views keep their shape), so
         // the plan is made again over the bound slices.
@@ -1054,17 +968,7 @@ impl CpuBackend {
         sanitize: bool,
     ) -> Result<()> {
         plan_fused(a)?;
-        let mut spans = host_compress_spans(&a.compress);
-        spans.push(("cos_sin_cache", span_of(&a.cos_sin_cache)));
-        spans.push(("cache_slot_mapping", span_of(&a.cache_slot_mapping)));
-        spans.push(("fp8_scale", a.fp8_scale.as_ref().and_then(span_of)));
-        spans.push(("kv_cache", span_of_mut(&a.kv_cache)));
-        let written: Vec<_> = spans
-            .iter()
-            .copied()
-            .filter(|s| matches!(s.0, "latent_out" | "state_cache" | "kv_cache"))
-            .collect();
-        host_disjoint(&written, &spans)?;
+        host_disjoint(&a.tensors().list())?;
         // SAFETY: validated, disjoint.
         let bound = unsafe {
             FusedArgs {

@@ -33,10 +33,14 @@ pub trait Backend {
     /// A short name: `cpu`, `cuda:0 (NVIDIA H200, sm_90)`, ...
     fn name(&self) -> String;
 
-    /// Whether NaN sanitizing is on (see `semantics.md`).
+    /// Whether the safe API's launches sanitize NaNs (see `semantics.md`);
+    /// the raw entry points (`*_raw`, `*_host`) take it as an argument.
     fn sanitize(&self) -> bool;
 
-    /// Switches NaN sanitizing on or off for later launches.
+    /// Switches NaN sanitizing on or off for later launches of the safe API.
+    /// It takes `&mut self`: a backend shared between threads is not
+    /// reconfigured under them, and a caller that needs a per-call choice
+    /// uses the raw entry points.
     fn set_sanitize(&mut self, on: bool);
 
     /// A buffer holding a copy of `bytes`.

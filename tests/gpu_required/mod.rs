@@ -12,6 +12,23 @@
 
 use std::io::Write as _;
 
+/// Where the committed vector files are: `DSV4_KVCACHE_VECTORS` when set;
+/// else `vectors/` beside the test binary's `bin/` folder (a bundle of
+/// `scripts/gpu-check.sh` or `scripts/hip-on-cuda.sh`, moved to another
+/// machine); else the source tree's `tests/vectors`.
+pub fn vectors_dir() -> std::path::PathBuf {
+    if let Some(d) = std::env::var_os("DSV4_KVCACHE_VECTORS") {
+        return d.into();
+    }
+    let bundled = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.join("vectors")));
+    match bundled {
+        Some(d) if d.is_dir() => d,
+        _ => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors"),
+    }
+}
+
 /// Whether `backend` (`cuda` or `hip`) must have a device here.
 pub fn required(backend: &str, library_present: bool) -> bool {
     required_by(

@@ -28,10 +28,12 @@
 
 pub(crate) mod bind;
 pub mod driver;
+mod timing;
 
 pub use driver::{DeviceFacts, Driver};
+pub use timing::{CapturedGraph, SmCopyRate};
 
-use self::bind::{Bound, DevAddr};
+use self::bind::DevAddr;
 use super::raw::{RawDevice, RawStream};
 use super::Backend;
 use crate::detect::SanitizePolicy;
@@ -42,13 +44,13 @@ use crate::gather::{
 use crate::kernel_abi::{self, Kernel, KernelParams, NUM_COUNTERS};
 use crate::launch::{Launch, LaunchPolicy};
 use crate::ops::{
-    plan_compress, plan_fused, plan_insert, plan_ring_rows, CompressArgs, CompressPlan, FusedArgs,
-    FusedPlan, InsertArgs, InsertPlan, RingArgs, RingRowsPlan, SkipCounts,
+    plan_compress, plan_fused, plan_insert, plan_ring_rows, Bound, CompressArgs, CompressPlan,
+    CompressTensors, FusedArgs, FusedPlan, FusedTensors, GatherTensors, InsertArgs, InsertPlan,
+    InsertTensors, RingArgs, RingRowsPlan, RingTensors, SkipCounts,
 };
 use crate::tensor::Storage;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 /// Device memory owned by a [`GpuBackend`], freed on drop.
 pub struct DeviceBuffer<D: Driver> {
@@ -287,13 +289,16 @@ impl<D: Driver> GpuBackend<D> {
         }
     }
 
-    fn own_all(&self, table: &[Bound<'_, DeviceBuffer<D>>]) -> Result<()> {
-        for b in table {
-            if let Some(buf) = b.buf {
-                self.own(b.arg, buf)?;
-            }
-        }
-        Ok(())
+    /// The safe API's checks after the plan: every buffer of the tensor
+    /// table is this backend's ([`GpuBackend::own`]); then whether there is
+    /// anything to launch (`n > 0`).
+    fn owned<'b>(
+        &self,
+        n: usize,
+        each: impl FnOnce(&mut dyn FnMut(&Bound<'b, DeviceBuffer<D>>) -> Result<()>) -> Result<()>,
+    ) -> Result<bool> {
+        each(&mut |b| b.buf.map_or(Ok(()), |buf| self.own(b.arg, buf)))?;
+        Ok(n > 0)
     }
 
     fn function(&self, kernel: Kernel) -> D::Function {
@@ -332,13 +337,10 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn compress_on<S: DevAddr>(
         &self,
         p: &CompressPlan,
-        t: &[Bound<'_, S>; 10],
+        t: &CompressTensors<'_, S>,
         counters: u64,
         stream: RawStream,
     ) -> Result<()> {
-        if p.n == 0 {
-            return Ok(());
-        }
         let params = kernel_abi::compress_params(p, &bind::compress_ptrs(t, counters));
         self.launch(self.policy.compress_launch(p), &params, stream)
     }
@@ -348,14 +350,12 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn insert_on<S: DevAddr>(
         &self,
         p: &InsertPlan,
-        t: &[Bound<'_, S>; 6],
+        t: &InsertTensors<'_, S>,
         counters: u64,
         stream: RawStream,
+        sanitize: bool,
     ) -> Result<()> {
-        if p.n == 0 {
-            return Ok(());
-        }
-        let params = kernel_abi::insert_params(p, &bind::insert_ptrs(t, counters), self.sanitize);
+        let params = kernel_abi::insert_params(p, &bind::insert_ptrs(t, counters), sanitize);
         self.launch(self.policy.insert_launch(p), &params, stream)
     }
 
@@ -364,15 +364,12 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn ring_on<S: DevAddr>(
         &self,
         p: &RingRowsPlan,
-        t: &[Bound<'_, S>; 3],
+        t: &RingTensors<'_, S>,
         counters: u64,
         stream: RawStream,
     ) -> Result<()> {
-        if p.n == 0 {
-            return Ok(());
-        }
-        let params =
-            kernel_abi::ring_rows_params(p, t[0].base(), t[1].base(), t[2].base(), counters);
+        let (rows, slots, ring) = bind::ring_ptrs(t);
+        let params = kernel_abi::ring_rows_params(p, rows, slots, ring, counters);
         self.launch(self.policy.ring_rows_launch(p), &params, stream)
     }
 
@@ -381,18 +378,16 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn fused_on<S: DevAddr>(
         &self,
         p: &FusedPlan,
-        t: &[Bound<'_, S>; 14],
+        t: &FusedTensors<'_, S>,
         counters: u64,
         stream: RawStream,
+        sanitize: bool,
     ) -> Result<()> {
-        if p.compress.n == 0 {
-            return Ok(());
-        }
         let params = kernel_abi::fused_params(
             p,
-            &bind::compress_ptrs(&t[..10], counters),
+            &bind::compress_ptrs(&t.compress, counters),
             &bind::fused_insert_ptrs(t, counters),
-            self.sanitize,
+            sanitize,
         );
         self.launch(self.policy.fused_launch(p), &params, stream)
     }
@@ -402,7 +397,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn gather_on<S: DevAddr>(
         &self,
         p: &GatherPlan,
-        t: &[Bound<'_, S>; 7],
+        t: &GatherTensors<'_, S>,
         counters: u64,
         stream: RawStream,
     ) -> Result<()> {
@@ -422,6 +417,10 @@ impl<D: Driver> GpuBackend<D> {
     /// `rope_quant_insert` over caller-owned device memory on the caller's
     /// stream. Skipped tokens are counted at `raw_counters` (3 `u32`: slot,
     /// position, index) or, when `None`, in this backend's counters.
+    /// `sanitize` (NaN sanitizing, `semantics.md`) is this call's own, as in
+    /// [`crate::CpuBackend::rope_quant_insert_host`]: the backend's setting
+    /// ([`Backend::sanitize`]) applies to the safe API only, so threads
+    /// sharing a backend never see each other's choice.
     ///
     /// Checks, in this order on every backend: the arguments as in the safe
     /// API (dtypes, shapes, strides, offsets and, against each
@@ -454,17 +453,14 @@ impl<D: Driver> GpuBackend<D> {
         args: &InsertArgs<'_, RawDevice>,
         stream: RawStream,
         raw_counters: Option<u64>,
+        sanitize: bool,
     ) -> Result<()> {
         let p = plan_insert(args)?;
-        if p.n == 0 {
-            // Nothing is read or written: a framework's empty tensors may
-            // have null addresses (the seed returns here too).
+        let t = args.tensors();
+        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
             return Ok(());
-        }
-        let t = bind::insert(args);
-        bind::check_raw(&t)?;
-        let c = self.raw_counters(raw_counters)?;
-        self.insert_on(&p, &t, c, stream)
+        };
+        self.insert_on(&p, &t, c, stream, sanitize)
     }
 
     /// `fused_save_compress_norm` over caller-owned device memory on the
@@ -480,14 +476,10 @@ impl<D: Driver> GpuBackend<D> {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_compress(args)?;
-        if p.n == 0 {
-            // Nothing is read or written: a framework's empty tensors may
-            // have null addresses (the seed returns here too).
+        let t = args.tensors();
+        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
             return Ok(());
-        }
-        let t = bind::compress(args, &p);
-        bind::check_raw(&t)?;
-        let c = self.raw_counters(raw_counters)?;
+        };
         self.compress_on(&p, &t, c, stream)
     }
 
@@ -504,14 +496,10 @@ impl<D: Driver> GpuBackend<D> {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_ring_rows(args)?;
-        if p.n == 0 {
-            // Nothing is read or written: a framework's empty tensors may
-            // have null addresses (the seed returns here too).
+        let t = args.tensors();
+        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
             return Ok(());
-        }
-        let t = bind::ring(args);
-        bind::check_raw(&t)?;
-        let c = self.raw_counters(raw_counters)?;
+        };
         self.ring_on(&p, &t, c, stream)
     }
 
@@ -526,17 +514,14 @@ impl<D: Driver> GpuBackend<D> {
         args: &FusedArgs<'_, RawDevice>,
         stream: RawStream,
         raw_counters: Option<u64>,
+        sanitize: bool,
     ) -> Result<()> {
         let p = plan_fused(args)?;
-        if p.compress.n == 0 {
-            // Nothing is read or written: a framework's empty tensors may
-            // have null addresses (the seed returns here too).
+        let t = args.tensors();
+        let Some(c) = self.raw_checks(p.compress.n, |f| t.each(f), raw_counters)? else {
             return Ok(());
-        }
-        let t = bind::fused(args, &p);
-        bind::check_raw(&t)?;
-        let c = self.raw_counters(raw_counters)?;
-        self.fused_on(&p, &t, c, stream)
+        };
+        self.fused_on(&p, &t, c, stream, sanitize)
     }
 
     /// `gather_dequant` over caller-owned device memory on the caller's
@@ -555,254 +540,32 @@ impl<D: Driver> GpuBackend<D> {
         raw_counters: Option<u64>,
     ) -> Result<()> {
         let p = plan_gather(args)?;
-        if p.n == 0 {
+        let t = args.tensors();
+        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
             return Ok(());
-        }
-        let t = bind::gather(args);
-        bind::check_raw(&t)?;
-        let c = self.raw_counters(raw_counters)?;
+        };
         self.gather_on(&p, &t, c, stream)
     }
 
-    fn raw_counters(&self, c: Option<u64>) -> Result<u64> {
-        match c {
-            None => Ok(self.counters_ptr),
-            Some(p) => bind::aligned("raw_counters", p, 0, 4).map(|()| p),
-        }
-    }
-
-    // ---- graphs and timing ---------------------------------------------------
-
-    /// Captures `calls` calls of `f` (which launches on this backend's
-    /// stream) into a graph, without running them. The capture is
-    /// thread-local: anything `f` does that a capture forbids (an
-    /// allocation, a copy from the host, a wait) fails, and the capture is
-    /// ended on every exit, so the stream stays usable.
-    pub fn capture<F: FnMut() -> Result<()>>(
+    /// The raw API's checks after the plan, the same for every operation:
+    /// `None` for a call with no token (nothing is read or written: a
+    /// framework's empty tensors may have null addresses, and the seed
+    /// returns there too); else each address non-null and aligned, in table
+    /// order, then the counters the launch uses.
+    fn raw_checks<'b>(
         &self,
-        calls: usize,
-        mut f: F,
-    ) -> Result<CapturedGraph<'_, D>> {
-        self.drv.begin_capture()?;
-        struct Guard<'a, D: Driver>(Option<&'a D>);
-        impl<D: Driver> Drop for Guard<'_, D> {
-            fn drop(&mut self) {
-                if let Some(d) = self.0.take() {
-                    // Drops (destroys) the partial graph, if any.
-                    let _ = d.end_capture();
-                }
-            }
+        n: usize,
+        each: impl FnOnce(&mut dyn FnMut(&Bound<'b, RawDevice>) -> Result<()>) -> Result<()>,
+        raw_counters: Option<u64>,
+    ) -> Result<Option<u64>> {
+        if n == 0 {
+            return Ok(None);
         }
-        let mut guard = Guard(Some(&self.drv));
-        for _ in 0..calls {
-            f()?;
+        each(&mut |b| bind::check_raw(b))?;
+        match raw_counters {
+            None => Ok(Some(self.counters_ptr)),
+            Some(p) => bind::aligned("raw_counters", p, 0, 4).map(|()| Some(p)),
         }
-        guard.0 = None;
-        let graph = self.drv.end_capture()?.ok_or_else(|| Error::Driver {
-            backend: D::BACKEND,
-            call: "end of stream capture",
-            message: "the capture recorded no work".into(),
-        })?;
-        Ok(CapturedGraph {
-            graph,
-            calls,
-            backend: self,
-        })
-    }
-
-    /// Replays `graph` `replays` times back to back (after one warm-up
-    /// replay), with an event between replays; the milliseconds of each.
-    ///
-    /// # Safety
-    /// As for [`CapturedGraph::launch`].
-    unsafe fn replay_ms(&self, graph: &CapturedGraph<'_, D>, replays: usize) -> Result<Vec<f32>> {
-        let events = (0..=replays)
-            .map(|_| self.drv.create_event())
-            .collect::<Result<Vec<_>>>()?;
-        graph.launch()?;
-        for (i, e) in events.iter().enumerate() {
-            self.drv.record_event(e)?;
-            if i < replays {
-                graph.launch()?;
-            }
-        }
-        self.drv.synchronize(self.stream())?;
-        events
-            .windows(2)
-            .map(|w| self.drv.elapsed_ms(&w[0], &w[1]))
-            .collect()
-    }
-
-    /// GPU time per launch: captures `launches_per_graph` calls of `f` into
-    /// a graph on the backend's stream, replays it `replays` times (after
-    /// one warm-up replay) and returns, for each replay, its event-measured
-    /// time divided by `launches_per_graph`, in microseconds.
-    ///
-    /// The launches rewrite the same outputs on every replay (and CR2 rings
-    /// see the previous replay's stores), which does not change their cost.
-    pub fn time_graph<F: FnMut() -> Result<()>>(
-        &self,
-        launches_per_graph: usize,
-        replays: usize,
-        f: F,
-    ) -> Result<Vec<f32>> {
-        if launches_per_graph == 0 {
-            return Err(Error::Value {
-                arg: "launches_per_graph",
-                problem: "must be at least 1".into(),
-            });
-        }
-        // `f` (and whatever it owns or borrows) stays alive until the replays
-        // have been waited for.
-        let mut f = f;
-        let graph = self.capture(launches_per_graph, &mut f)?;
-        // SAFETY: the buffers the captured launches use are owned or borrowed
-        // by `f`, which outlives the replays (waited for in `replay_ms`).
-        let ms = unsafe { self.replay_ms(&graph, replays)? };
-        Ok(ms
-            .into_iter()
-            .map(|m| m * 1000.0 / launches_per_graph as f32)
-            .collect())
-    }
-
-    /// Device-to-device copy bandwidth, the roofline of the kernels: one
-    /// `bytes`-byte copy captured in a graph, replayed `replays` times (after
-    /// a warm-up) with events; returns the bytes read plus written per
-    /// second (`2 * bytes / t`) at the median replay time `t`.
-    pub fn time_copy(&self, bytes: usize, replays: usize) -> Result<f64> {
-        if bytes == 0 || replays == 0 {
-            return Err(Error::Value {
-                arg: if bytes == 0 { "bytes" } else { "replays" },
-                problem: "must be at least 1".into(),
-            });
-        }
-        let src = self.alloc_zeroed(bytes)?;
-        let mut dst = self.alloc_zeroed(bytes)?;
-        let graph = self.capture(1, || self.copy(&src, &mut dst, bytes))?;
-        // SAFETY: `src` and `dst` outlive the replays, which are waited for.
-        let mut ms = unsafe { self.replay_ms(&graph, replays)? };
-        ms.sort_by(|a, b| a.total_cmp(b));
-        let t = f64::from(ms[ms.len() / 2]) / 1000.0;
-        Ok(2.0 * bytes as f64 / t.max(1e-9))
-    }
-
-    /// The SM copy roofline: what the kernels' own cores can move, timed
-    /// like the kernels. `kv_copy` copies `bytes` (rounded down to 16-byte
-    /// units, at least one) from one buffer to another, `launches` launches
-    /// captured in a graph replayed `replays` times (after a warm-up); the
-    /// result is the bytes read plus written per second (`2 * bytes / t`)
-    /// at the median time per launch `t`, the best over a few grid shapes
-    /// (persistent grids of 4, 8 and 16 blocks per multiprocessor where the
-    /// device says how many it has, and one block per 1024 units), so that
-    /// the figure is the copy's best, not one guess's.
-    ///
-    /// Use a buffer several times the L2 (1 GiB on an H200 or MI300X) so
-    /// that the copy runs from memory. The copy engine's rate is
-    /// [`GpuBackend::time_copy`]'s, which on an H200 is about two thirds of
-    /// this.
-    pub fn time_sm_copy(
-        &self,
-        bytes: usize,
-        launches: usize,
-        replays: usize,
-    ) -> Result<SmCopyRate> {
-        if bytes < 16 || launches == 0 || replays == 0 {
-            return Err(Error::Value {
-                arg: if bytes < 16 {
-                    "bytes"
-                } else if launches == 0 {
-                    "launches"
-                } else {
-                    "replays"
-                },
-                problem: if bytes < 16 {
-                    "must be at least 16".into()
-                } else {
-                    "must be at least 1".into()
-                },
-            });
-        }
-        let units = (bytes / 16) as u64;
-        let bytes = units as usize * 16;
-        let src = self.alloc_zeroed(bytes)?;
-        let dst = self.alloc_zeroed(bytes)?;
-        let block = kernel_abi::BLOCK_THREADS;
-        // The kernel moves four units per thread per pass.
-        let cover = units
-            .div_ceil(4 * u64::from(block))
-            .clamp(1, i32::MAX as u64) as u32;
-        let mut grids = vec![cover];
-        if let Some(sms) = self.facts().multiprocessors {
-            grids.extend([4u32, 8, 16].map(|w| sms.saturating_mul(w)));
-        }
-        let f = self.function(Kernel::Copy);
-        let mut best: Option<SmCopyRate> = None;
-        for grid in grids {
-            let params = kernel_abi::CopyParams {
-                src: src.addr(),
-                dst: dst.addr(),
-                units,
-            };
-            let us = self.time_graph(launches, replays, || {
-                let mut p = params;
-                // SAFETY: `kv_copy` takes a CopyParams; both buffers hold
-                // `units` 16-byte units and outlive the replays, which
-                // `time_graph` waits for.
-                unsafe {
-                    self.drv.launch(
-                        f,
-                        grid,
-                        block,
-                        0,
-                        self.stream(),
-                        &mut p as *mut kernel_abi::CopyParams as *mut c_void,
-                    )
-                }
-            })?;
-            let mut us = us;
-            us.sort_by(|a, b| a.total_cmp(b));
-            let t = f64::from(us[us.len() / 2]) * 1e-6;
-            let rate = 2.0 * bytes as f64 / t.max(1e-12);
-            if best.as_ref().is_none_or(|b| rate > b.bytes_per_s) {
-                best = Some(SmCopyRate {
-                    bytes_per_s: rate,
-                    bytes,
-                    grid,
-                    block,
-                });
-            }
-        }
-        // At least one grid was timed.
-        best.ok_or_else(|| Error::Value {
-            arg: "bytes",
-            problem: "no grid to time".into(),
-        })
-    }
-
-    /// Host cost of launching: calls `f` (eager launches on this backend)
-    /// `calls` times after one warm-up call, and returns the mean host time
-    /// per call in microseconds, not counting the final wait for the device.
-    /// (GPU time is [`GpuBackend::time_graph`]'s.)
-    pub fn host_launch_cost<F: FnMut() -> Result<()>>(
-        &self,
-        calls: usize,
-        mut f: F,
-    ) -> Result<f64> {
-        if calls == 0 {
-            return Err(Error::Value {
-                arg: "calls",
-                problem: "must be at least 1".into(),
-            });
-        }
-        f()?;
-        self.synchronize()?;
-        let t0 = Instant::now();
-        for _ in 0..calls {
-            f()?;
-        }
-        let us = t0.elapsed().as_secs_f64() * 1e6 / calls as f64;
-        self.synchronize()?;
-        Ok(us)
     }
 }
 
@@ -811,44 +574,6 @@ impl<D: Driver> Drop for GpuBackend<D> {
         // Work still queued may use the counters freed next; an error
         // cannot be reported from drop.
         let _ = self.drv.synchronize(self.drv.stream());
-    }
-}
-
-/// The SM copy roofline of [`GpuBackend::time_sm_copy`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SmCopyRate {
-    /// Bytes read plus written per second.
-    pub bytes_per_s: f64,
-    /// Bytes copied per launch (each read once and written once).
-    pub bytes: usize,
-    /// The grid (blocks) of the fastest shape.
-    pub grid: u32,
-    /// Threads per block.
-    pub block: u32,
-}
-
-/// A graph of launches captured on a [`GpuBackend`]'s stream.
-pub struct CapturedGraph<'b, D: Driver> {
-    graph: D::Graph,
-    calls: usize,
-    /// The graph's kernels live in the backend's module.
-    backend: &'b GpuBackend<D>,
-}
-
-impl<D: Driver> CapturedGraph<'_, D> {
-    /// How many calls of the capture closure it holds.
-    pub fn calls(&self) -> usize {
-        self.calls
-    }
-
-    /// Replays the graph on the backend's stream (no wait). It reads and
-    /// writes the buffers' current contents.
-    ///
-    /// # Safety
-    /// Every buffer (and raw device pointer) the captured launches used must
-    /// still be allocated: a graph holds device addresses, not borrows.
-    pub unsafe fn launch(&self) -> Result<()> {
-        self.backend.drv.launch_graph(&self.graph)
     }
 }
 
@@ -906,8 +631,10 @@ impl<D: Driver> Backend for GpuBackend<D> {
 
     fn fused_save_compress_norm(&self, a: CompressArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_compress(&a)?;
-        let t = bind::compress(&a, &p);
-        self.own_all(&t)?;
+        let t = a.tensors();
+        if !self.owned(p.n, |f| t.each(f))? {
+            return Ok(());
+        }
         // SAFETY: the plan checked every view against its buffer's length,
         // and the buffers are this backend's, borrowed for the call.
         unsafe { self.compress_on(&p, &t, self.counters_ptr, self.stream()) }
@@ -915,32 +642,40 @@ impl<D: Driver> Backend for GpuBackend<D> {
 
     fn rope_quant_insert(&self, a: InsertArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_insert(&a)?;
-        let t = bind::insert(&a);
-        self.own_all(&t)?;
+        let t = a.tensors();
+        if !self.owned(p.n, |f| t.each(f))? {
+            return Ok(());
+        }
         // SAFETY: as in `fused_save_compress_norm`.
-        unsafe { self.insert_on(&p, &t, self.counters_ptr, self.stream()) }
+        unsafe { self.insert_on(&p, &t, self.counters_ptr, self.stream(), self.sanitize) }
     }
 
     fn save_ring_rows(&self, a: RingArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_ring_rows(&a)?;
-        let t = bind::ring(&a);
-        self.own_all(&t)?;
+        let t = a.tensors();
+        if !self.owned(p.n, |f| t.each(f))? {
+            return Ok(());
+        }
         // SAFETY: as in `fused_save_compress_norm`.
         unsafe { self.ring_on(&p, &t, self.counters_ptr, self.stream()) }
     }
 
     fn fused_compress_insert(&self, a: FusedArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_fused(&a)?;
-        let t = bind::fused(&a, &p);
-        self.own_all(&t)?;
+        let t = a.tensors();
+        if !self.owned(p.compress.n, |f| t.each(f))? {
+            return Ok(());
+        }
         // SAFETY: as in `fused_save_compress_norm`.
-        unsafe { self.fused_on(&p, &t, self.counters_ptr, self.stream()) }
+        unsafe { self.fused_on(&p, &t, self.counters_ptr, self.stream(), self.sanitize) }
     }
 
     fn gather_dequant(&self, a: GatherArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_gather(&a)?;
-        let t = bind::gather(&a);
-        self.own_all(&t)?;
+        let t = a.tensors();
+        if !self.owned(p.n, |f| t.each(f))? {
+            return Ok(());
+        }
         // SAFETY: as in `fused_save_compress_norm`.
         unsafe { self.gather_on(&p, &t, self.counters_ptr, self.stream()) }
     }

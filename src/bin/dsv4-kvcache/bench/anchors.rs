@@ -1,6 +1,7 @@
 //! The performance anchors: the seed's Triton kernels on an NVIDIA H200, GPU
 //! time of one launch in µs from CUDA-graph replay (20 launches, median of 7
-//! replays), as recorded in `shared/spec/anchors.md` (measured 2026-11-30).
+//! replays), measured 2026-11-30 with the seed module's own kernels (the
+//! project's specification records them; it is not part of this repository).
 //!
 //! This table is the only copy of those figures in the code; a row's name is
 //! the label of the bench row it is compared with.

@@ -440,7 +440,7 @@ impl Job for BenchJob {
                 "roofline": roof_how,
                 "copy_engine_bytes_per_s": engine,
                 "sorted_slots": self.sorted_slots,
-                "anchors": "shared/spec/anchors.md: the seed's Triton kernels on an H200, CUDA-graph replay",
+                "anchors": "the seed's Triton kernels on an H200 (2026-11-30), CUDA-graph replay: bench/anchors.rs",
                 "rows": rows,
                 "fused": fused_rows,
                 "host_launch": host_rows,

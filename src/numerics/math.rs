@@ -111,15 +111,9 @@ pub fn max_nan_ignoring(a: f32, b: f32) -> f32 {
     }
 }
 
-/// `min` that ignores a NaN operand (NVIDIA `min.f32`): NaN only if both are.
-#[inline]
-pub fn min_nan_ignoring(a: f32, b: f32) -> f32 {
-    if b < a || a.is_nan() {
-        b
-    } else {
-        a
-    }
-}
+/// `min` that ignores a NaN operand (NVIDIA `min.f32`): NaN only if both
+/// are. Defined beside the number formats, which round through it.
+pub use crate::formats::min_nan_ignoring;
 
 /// The FP8 clamp to `[-448, 448]` as the seed compiles it
 /// (`min.xorsign.abs`): `copysign(min(|v|, 448), v)`, where a NaN (always the

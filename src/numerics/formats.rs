@@ -121,6 +121,16 @@ pub fn nvfp4_scale(code: u8) -> (f32, f32) {
     (s, 1.0 / s)
 }
 
+/// `min` that ignores a NaN operand (NVIDIA `min.f32`): NaN only if both are.
+#[inline]
+pub fn min_nan_ignoring(a: f32, b: f32) -> f32 {
+    if b < a || a.is_nan() {
+        b
+    } else {
+        a
+    }
+}
+
 /// The e2m1 magnitude nearest a non-negative `q` (ties to the even code,
 /// saturating at 6; a NaN gives code 7), as the bits of `2^23 + code`: the code
 /// 0..=7 is in the low three bits, bits 3..=22 are zero. The grid `0, .5, 1,
@@ -135,11 +145,7 @@ pub fn e2m1_magnitude_bits(q: f32) -> u32 {
     let c1 = q.mul_add(2.0, M);
     let c2 = q + (M + 2.0);
     let c3 = q.mul_add(0.5, M + 4.0);
-    crate::math::min_nan_ignoring(
-        crate::math::min_nan_ignoring(c1, c2),
-        crate::math::min_nan_ignoring(c3, M + 7.0),
-    )
-    .to_bits()
+    min_nan_ignoring(min_nan_ignoring(c1, c2), min_nan_ignoring(c3, M + 7.0)).to_bits()
 }
 
 /// FP4 e2m1 code of `q`: magnitudes `0, .5, 1, 1.5, 2, 3, 4, 6` are codes

@@ -9,6 +9,12 @@ use crate::error::{Error, Result};
 use crate::layout::{RecordLayout, DIM};
 use crate::tensor::{DType, Storage, Tensor, TensorDesc, TensorMut};
 
+mod tensors;
+pub use tensors::{
+    Bound, CompressTensors, FusedInsertTensors, FusedTensors, GatherTensors, InsertTensors,
+    RingTensors, Role, ROW_ALIGN,
+};
+
 /// Arguments of `fused_save_compress_norm` (names as in the seed).
 pub struct CompressArgs<'a, S: ?Sized> {
     /// FP32 `[tokens, 512]` (CR1) or `[tokens, 1024]` = `[kv | score]` (CR2).
@@ -87,6 +93,51 @@ pub struct FusedArgs<'a, S: ?Sized> {
     pub fp8_scale: Option<Tensor<'a, S>>,
 }
 
+// ---- the reader's arguments (validated in `crate::gather`) -------------
+
+/// Which record each output row reads.
+pub enum GatherIndex<'a, S: ?Sized> {
+    /// Output row `i` reads slot `slot_mapping[i]` (`block * block_size +
+    /// row`); a slot `< 0` leaves its row untouched.
+    Slots {
+        /// I32/I64 `[N]`, contiguous.
+        slot_mapping: Tensor<'a, S>,
+    },
+    /// Request `r` owns output rows `cu_seq_lens[r] .. cu_seq_lens[r + 1]`;
+    /// its `i`-th row reads the token at position `seq_starts[r] + i` of the
+    /// request (0 + i without `seq_starts`), found through its row of the
+    /// block table.
+    BlockTable {
+        /// I32/I64 `[>= R, max_blocks]` with unit inner stride: the cache
+        /// block of each `block_size` positions of each request.
+        block_table: Tensor<'a, S>,
+        /// I32/I64 `[R + 1]`, contiguous, non-decreasing: each request's
+        /// first output row, then the total.
+        cu_seq_lens: Tensor<'a, S>,
+        /// I32/I64 `[>= R]`, contiguous: the position of each request's
+        /// first gathered token (vLLM's `seq_len - gather_len`).
+        seq_starts: Option<Tensor<'a, S>>,
+    },
+}
+
+/// Arguments of `gather_dequant`.
+pub struct GatherArgs<'a, S: ?Sized> {
+    /// The cache, as `rope_quant_insert` takes it: U8
+    /// `[blocks, block_size, 584 | 528 | 288]` (paged), or BF16 / F8_E4M3
+    /// `[blocks, block_size, 512]` (rows; also `[blocks, block_size, 1, 512]`).
+    pub kv_cache: Tensor<'a, S>,
+    /// Which record each output row reads.
+    pub index: GatherIndex<'a, S>,
+    /// F32 `[1]`, required for an FP8 row cache and only for it: the value
+    /// of a byte is `e4m3 × fp8_scale`.
+    pub fp8_scale: Option<Tensor<'a, S>>,
+    /// BF16 or F32 `[rows, 512]`, unit inner stride, row stride a multiple
+    /// of 16 bytes, 16-byte aligned. Slot form: `rows >= N`, rows from `N`
+    /// on are untouched. Block-table form: `rows` bounds the output (rows
+    /// that no request owns are untouched).
+    pub out: TensorMut<'a, S>,
+}
+
 /// A 1-D contiguous integer tensor bound into a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexPlan {
@@ -96,6 +147,20 @@ pub struct IndexPlan {
     pub is_i64: bool,
     /// Elements.
     pub len: usize,
+}
+
+impl IndexPlan {
+    /// Element `i`, read from the buffer `b` the plan was made over.
+    #[inline]
+    pub fn read(&self, b: &[u8], i: usize) -> i64 {
+        if self.is_i64 {
+            let o = self.offset + 8 * i;
+            i64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+        } else {
+            let o = self.offset + 4 * i;
+            i32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes")) as i64
+        }
+    }
 }
 
 /// A 2-D row tensor bound into a plan.

@@ -1,0 +1,8 @@
+//! The device interface, above the operations: the kernel ABI (parameter
+//! blocks and flags generated from `kernels-hip/kv_abi.h`), the embedded
+//! kernels, the launch policy and device detection. The backends sit on top.
+
+pub mod detect;
+pub mod kernel_abi;
+pub mod kernels;
+pub mod launch;

@@ -1,0 +1,7 @@
+//! Operations, above the numerics: tensor descriptions, each operation's
+//! arguments and tensor table, their validation into plans (`ops`), and the
+//! reader's plan, reference, launch policy and parameter block (`gather`).
+
+pub mod gather;
+pub mod ops;
+pub mod tensor;
