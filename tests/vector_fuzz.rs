@@ -224,7 +224,11 @@ fn mutate(rng: &mut Rng, bytes: &[u8]) -> (String, Vec<u8>) {
                     "I64", "U8", "F32", "BF16", "F8_E4M3", "Q4", "", "f32",
                 ],
             );
-            let d = if p.entries[i].1["dtype"] == json!(d) { "F64" } else { d };
+            let d = if p.entries[i].1["dtype"] == json!(d) {
+                "F64"
+            } else {
+                d
+            };
             p.entries[i].1["dtype"] = json!(d);
             (format!("{} dtype {d}", p.entries[i].0), join(&p))
         }
@@ -263,7 +267,11 @@ fn mutate(rng: &mut Rng, bytes: &[u8]) -> (String, Vec<u8>) {
             let len = p.data.len() as u64;
             let other = p.entries[j].1["data_offsets"].clone();
             let pick_kind = rng.below(5);
-            let pick_kind = if i == j && pick_kind == 1 { 3 } else { pick_kind };
+            let pick_kind = if i == j && pick_kind == 1 {
+                3
+            } else {
+                pick_kind
+            };
             let offs = match pick_kind {
                 0 => json!([*pick(rng, &HUGE), *pick(rng, &HUGE)]),
                 1 => other,

@@ -175,6 +175,7 @@ impl<B: Backend> Side<B> {
     /// five caches, reader output) in a fixed order.
     fn step(
         &mut self,
+        step_no: u64,
         b: &B,
         sh: &Shape,
         reqs: &[Option<Request>],
@@ -265,22 +266,31 @@ impl<B: Backend> Side<B> {
             })?;
         }
         // A call that must be rejected (slot_mapping longer than the
-        // latents): it must fail and write nothing, which the comparison
-        // of the caches below shows.
+        // latents): it must fail and leave the cache as it was.
+        let k = step_no as usize % caches.len();
+        let before = b.read(&caches[k])?;
         let bad = b.upload(&i64_bytes(&vec![0; n + 1]))?;
         let rejected = b.rope_quant_insert(InsertArgs {
             latent: Tensor::new(&latent, lat_desc),
             positions: Tensor::new(&pos_b, idx(n)),
             cos_sin_cache: Tensor::new(cos, cos_desc),
-            kv_cache: TensorMut::new(&mut caches[0], sh.cache_desc(RecordLayout::ALL[0])),
+            kv_cache: TensorMut::new(&mut caches[k], sh.cache_desc(RecordLayout::ALL[k])),
             slot_mapping: Tensor::new(&bad, idx(n + 1)),
             compress_ratio: 2,
-            fp8_scale: None,
+            fp8_scale: scale(RecordLayout::ALL[k]),
         });
-        if rejected.is_ok() {
+        if rejected.is_ok() || b.read(&caches[k])? != before {
             return Err(dsv4_kvcache::Error::Value {
                 arg: "soak",
-                problem: "a call with too many slots was accepted".into(),
+                problem: format!(
+                    "a call with too many slots was {} (cache {})",
+                    if rejected.is_ok() {
+                        "accepted"
+                    } else {
+                        "rejected but wrote"
+                    },
+                    RecordLayout::ALL[k].name()
+                ),
             });
         }
         let mut out = vec![b.read(&latent)?, b.read(ring)?];
@@ -477,8 +487,8 @@ impl Job for SoakJob {
             if n > 0 {
                 b.set_sanitize(sanitize);
                 cpu.set_sanitize(sanitize);
-                let got = dev.step(&*b, &sh, &reqs, &batch)?;
-                let want = reference.step(&cpu, &sh, &reqs, &batch)?;
+                let got = dev.step(step, &*b, &sh, &reqs, &batch)?;
+                let want = reference.step(step, &cpu, &sh, &reqs, &batch)?;
                 const NAMES: [&str; 8] = [
                     "latent_out",
                     "ring",
