@@ -5,7 +5,8 @@
 //! reference (`&CpuBackend`, in CI) and on CUDA and HIP (`Arc` of the
 //! backend, all threads on its stream; SKIPPED without a device, a failure
 //! under `DSV4_KVCACHE_REQUIRE_GPU`). The skip counts of all threads add up
-//! to those of the sequential run.
+//! to those of the sequential run. Every tenth call is invalid and must be
+//! rejected without writing (on every backend).
 //!
 //! `DSV4_KVCACHE_CONCURRENCY_CALLS` sets the calls per thread (default 200).
 
@@ -16,7 +17,7 @@ mod gpu_required;
 
 use dsv4_kvcache::testkit::{random_calls, CallMix};
 use dsv4_kvcache::vectors::VectorFile;
-use dsv4_kvcache::{Backend, CpuBackend, Result, SkipCounts};
+use dsv4_kvcache::{Backend, CpuBackend, DType, Result, SkipCounts};
 use std::sync::Arc;
 
 /// Threads sharing the backend.
@@ -45,12 +46,33 @@ fn workload() -> Vec<Vec<VectorFile>> {
 type Written = Vec<(&'static str, Vec<u8>)>;
 
 /// One call on the backend of its sanitize setting (`pair[0]` off,
-/// `pair[1]` on): upload, launch, read back.
-fn run_one<B: Backend>(pair: &[&B; 2], f: &VectorFile) -> Result<Written> {
+/// `pair[1]` on): upload, launch, read back. Every tenth call is made
+/// invalid (its index tensor retyped F32) and must be rejected, writing
+/// nothing.
+fn run_one<B: Backend>(pair: &[&B; 2], f: &VectorFile, i: usize) -> Result<Written> {
     let b = pair[usize::from(f.sanitize()?)];
-    let mut p = f.prepare(b)?;
-    p.launch(b)?;
-    p.outputs(b)
+    if i % 10 != 9 {
+        let mut p = f.prepare(b)?;
+        p.launch(b)?;
+        return p.outputs(b);
+    }
+    let mut bad = f.clone();
+    let name = ["in.slot_mapping", "in.cu_seq_lens"]
+        .into_iter()
+        .find(|n| bad.tensors.contains_key(*n))
+        .expect("every op has an index tensor");
+    let t = bad.tensors.get_mut(name).expect("present");
+    t.shape = vec![t.data.len() / 4];
+    t.dtype = DType::F32;
+    let mut p = bad.prepare(b)?;
+    let what = bad.meta.get("description").cloned().unwrap_or_default();
+    assert!(p.launch(b).is_err(), "{what}: an F32 {name} was accepted");
+    let outs = p.outputs(b)?;
+    for (out, bytes) in &outs {
+        let input = &bad.input(out).expect("outputs start as inputs").data;
+        assert!(input == bytes, "{what}: the rejected call wrote {out}");
+    }
+    Ok(outs)
 }
 
 fn skipped<B: Backend>(pair: &[&B; 2]) -> Result<SkipCounts> {
@@ -73,7 +95,8 @@ fn check_shared<B: Backend + Sync>(pair: [&B; 2], what: &str) {
         .map(|calls| {
             calls
                 .iter()
-                .map(|f| run_one(&pair, f).expect("sequential call"))
+                .enumerate()
+                .map(|(i, f)| run_one(&pair, f, i).expect("sequential call"))
                 .collect()
         })
         .collect();
@@ -85,7 +108,8 @@ fn check_shared<B: Backend + Sync>(pair: [&B; 2], what: &str) {
                 s.spawn(|| {
                     calls
                         .iter()
-                        .map(|f| run_one(&pair, f).expect("concurrent call"))
+                        .enumerate()
+                        .map(|(i, f)| run_one(&pair, f, i).expect("concurrent call"))
                         .collect::<Vec<_>>()
                 })
             })
@@ -147,8 +171,8 @@ fn check_against_cpu<B: Backend>(pair: [&B; 2], what: &str) {
     cpu_on.set_sanitize(true);
     let cpu = [&cpu_off, &cpu_on];
     for (i, f) in workload()[0].iter().enumerate() {
-        let want = run_one(&cpu, f).expect("cpu call");
-        let got = run_one(&pair, f).expect("device call");
+        let want = run_one(&cpu, f, i).expect("cpu call");
+        let got = run_one(&pair, f, i).expect("device call");
         assert_eq!(want, got, "{what}: call {i} differs from the CPU reference");
     }
 }
