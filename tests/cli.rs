@@ -82,8 +82,7 @@ fn soak_on_the_cpu_compares_every_step() {
             .unwrap_or_else(|| panic!("{after} in {summary}"));
         summary[..i]
             .split([' ', '('])
-            .filter(|w| !w.is_empty())
-            .next_back()
+            .rfind(|w| !w.is_empty())
             .and_then(|w| w.parse().ok())
             .unwrap_or(0)
     };

@@ -396,7 +396,7 @@ impl Job for SoakJob {
         let mut cpu = CpuBackend::new();
         println!("soak: {} against the CPU reference", b.name());
         let max_total = cfg.max_prompt + cfg.max_decode + 2;
-        let max_blocks = ((max_total + 1) / 2 + 1).div_ceil(BLOCK);
+        let max_blocks = (max_total.div_ceil(2) + 1).div_ceil(BLOCK);
         let sh = Shape {
             slots: cfg.slots,
             blocks: cfg.slots * max_blocks + 1,
@@ -430,7 +430,7 @@ impl Job for SoakJob {
                 if rng.below(2) == 0 {
                     let prompt = 2 + rng.below(cfg.max_prompt as u64 - 1) as usize;
                     let total = prompt + rng.below(cfg.max_decode as u64 + 1) as usize;
-                    let need = ((total + 1) / 2 + 1).div_ceil(BLOCK);
+                    let need = (total.div_ceil(2) + 1).div_ceil(BLOCK);
                     let blocks = free.split_off(free.len() - need);
                     *slot = Some(Request {
                         id: next_id,
@@ -530,7 +530,7 @@ impl Job for SoakJob {
                     q.pos += 2;
                 }
                 if q.pos > q.total {
-                    free.extend(q.blocks.drain(..));
+                    free.append(&mut q.blocks);
                     *r = None;
                     finished += 1;
                 }
