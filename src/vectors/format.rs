@@ -291,15 +291,16 @@ fn from_st_dtype(name: &str, d: safetensors::Dtype) -> Result<DType> {
 /// so `"a"` and `"\u0061"` are the same key), or `None`. Assumes the text
 /// parsed as JSON already.
 pub(super) fn duplicate_key(json: &[u8]) -> Option<String> {
-    // One set of keys per open object; arrays push nothing.
-    let mut objects: Vec<Vec<String>> = Vec::new();
+    // One set of keys per open object (hashed: a hostile header may hold
+    // millions); arrays push nothing.
+    let mut objects: Vec<std::collections::HashSet<String>> = Vec::new();
     let mut open: Vec<u8> = Vec::new();
     let mut i = 0;
     while i < json.len() {
         match json[i] {
             b'{' => {
                 open.push(b'{');
-                objects.push(Vec::new());
+                objects.push(Default::default());
             }
             b'[' => open.push(b'['),
             b'}' => {
@@ -327,7 +328,7 @@ pub(super) fn duplicate_key(json: &[u8]) -> Option<String> {
                     if keys.contains(&key) {
                         return Some(key);
                     }
-                    keys.push(key);
+                    keys.insert(key);
                 }
             }
             _ => {}
