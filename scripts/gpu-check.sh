@@ -8,14 +8,15 @@
 # The run: device parity in every kernel mapping (one process), the same run
 # under compute-sanitizer memcheck (fewer cases), graph capture and replay,
 # the seed vectors (test and `verify`), the same-errors test, the reader's
-# device parity (gather_device), `demo`, and the
+# device parity (gather_device), `demo`, 8 threads sharing one backend
+# (concurrency), `soak` for GPU_CHECK_SOAK_S seconds (default 60), and the
 # host cost of one eager launch beside an older build's when DIR/old/ holds
 # one (OLD_BIN names an older build's binary when bundling). Without an NVIDIA GPU it
 # prints SKIPPED with the reason and exits 0.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-TESTS=(device_parity cuda_graph seed_vectors same_errors gather_device)
+TESTS=(device_parity cuda_graph seed_vectors same_errors gather_device concurrency)
 
 bundle() {
     local out="$1"
@@ -86,6 +87,9 @@ run() {
     step gather_device "$bin/gather_device" --nocapture
     step verify "$bin/dsv4-kvcache" verify --backend cuda "$dir"/vectors/seed_*.safetensors "$dir"/vectors/gather_*.safetensors
     step demo "$bin/dsv4-kvcache" demo --backend cuda
+    step concurrency "$bin/concurrency" --nocapture
+    step soak "$bin/dsv4-kvcache" soak --backend cuda --duration "${GPU_CHECK_SOAK_S:-60}"
+    grep -E "^(soak summary|memory)" "$work/soak.log" | sed 's/^/    /'
     local cs
     cs="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
     if [ -n "$cs" ]; then

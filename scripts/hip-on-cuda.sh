@@ -32,7 +32,8 @@
 # Environment: HIPCUDA_PARITY_CASES (cases per kind and value mix for the
 # parity runs; default the suite's own, 8), HIPCUDA_MEMCHECK_CASES (default
 # 1), HIPCUDA_QUICK=1 (one parity case per kind and value mix on each device),
-# HIPCUDA_WORK (the folder for logs; default a new temporary one).
+# HIPCUDA_WORK (the folder for logs; default a new temporary one),
+# HIPCUDA_SOAK_S (seconds of `soak --backend hip` per device; default 30).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,7 +45,7 @@ bundle() {
     cargo build --release -p hip-on-cuda || exit 2
     cargo build --release --bin dsv4-kvcache || exit 2
     local list
-    list="$(cargo test --release --no-run --test device_parity --test hip_backend --test hip_on_cuda 2>&1)" || {
+    list="$(cargo test --release --no-run --test device_parity --test hip_backend --test hip_on_cuda --test concurrency 2>&1)" || {
         echo "$list"
         exit 2
     }
@@ -56,7 +57,7 @@ bundle() {
     "${strip[@]}" "$tdir/release/libhip_on_cuda.so" "$out/libamdhip64.so"
     "${strip[@]}" "$tdir/release/dsv4-kvcache" "$out/bin/dsv4-kvcache"
     local t path
-    for t in device_parity hip_backend hip_on_cuda; do
+    for t in device_parity hip_backend hip_on_cuda concurrency; do
         # "Executable tests/NAME.rs (target/release/deps/NAME-HASH)"
         path="$(printf '%s\n' "$list" | sed -n "s|.*Executable tests/$t\.rs (\(.*\))|\1|p" | tail -1)"
         [ -n "$path" ] && [ -x "$path" ] || { echo "hip-on-cuda: no test binary for $t in:"; echo "$list"; exit 2; }
@@ -126,7 +127,7 @@ run() {
         echo "SKIPPED: hip-on-cuda: no NVIDIA GPU (nvidia-smi: ${gpus:-no devices})"
         exit 0
     fi
-    for f in libamdhip64.so bin/dsv4-kvcache bin/device_parity bin/hip_backend bin/hip_on_cuda; do
+    for f in libamdhip64.so bin/dsv4-kvcache bin/device_parity bin/hip_backend bin/hip_on_cuda bin/concurrency; do
         [ -e "$dir/$f" ] || { echo "hip-on-cuda: $dir/$f missing (make the bundle with: $0 bundle $dir)"; exit 2; }
     done
     echo "hip-on-cuda: $(head -1 <<<"$gpus"); runtime $dir/libamdhip64.so"
@@ -212,6 +213,23 @@ run() {
             pass "$dev demo --backend hip: $(tail -1 "$log")"
         else
             fail "$dev demo --backend hip (rc $rc)"
+            show_tail "$log"
+        fi
+
+        logrun "$bin/concurrency" hip_ --nocapture
+        if [ $rc -eq 0 ] && ! grep -q SKIPPED "$log" && grep -q "identical to the sequential run" "$log"; then
+            pass "$dev concurrency: $(grep -m1 "identical to the sequential" "$log" | cut -c1-160)"
+        else
+            fail "$dev concurrency (rc $rc)"
+            show_tail "$log"
+        fi
+
+        logrun "$bin/dsv4-kvcache" soak --backend hip --duration "${HIPCUDA_SOAK_S:-30}"
+        if [ $rc -eq 0 ] && grep -q "^PASS" "$log"; then
+            pass "$dev soak: $(grep -m1 "^soak summary" "$log" | cut -c15-200)"
+            grep "^memory" "$log" | sed 's/^/      /'
+        else
+            fail "$dev soak --backend hip (rc $rc)"
             show_tail "$log"
         fi
 

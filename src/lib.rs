@@ -17,6 +17,19 @@
 //!
 //! Every backend implements [`backend::Backend`]; arguments are validated once,
 //! in [`ops`], for all of them.
+//!
+//! # Threads
+//!
+//! Backends are `Send + Sync` and their calls take `&self`: one value shared
+//! across threads (`&CpuBackend`, `Arc<CudaBackend>`) gives the bytes of the
+//! same calls made one after another (`tests/concurrency.rs`). Written
+//! tensors are borrowed mutably, so no two calls write one buffer at once
+//! (the raw entry points leave that to the caller). GPU safe calls share the
+//! backend's one stream, in submission order; raw calls order on the stream
+//! given. Skip counts are the backend's, across threads. NaN sanitizing is
+//! not shared mutable state: changing it takes `&mut self`. A graph capture
+//! records whatever is launched on the backend's stream meanwhile, so no
+//! other thread may launch on it during one.
 
 #![warn(missing_docs)]
 

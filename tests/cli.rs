@@ -51,3 +51,55 @@ fn bench_only_without_names_is_a_usage_error() {
     assert_eq!(code, 2, "{text}");
     assert!(text.contains("--only"), "{text}");
 }
+
+#[test]
+fn soak_on_the_cpu_compares_every_step() {
+    // The one-thread reference checked as a device against the
+    // multi-threaded one: every step's outputs compared, no mismatch.
+    let (code, out) = run(&[
+        "soak",
+        "--backend",
+        "cpu1",
+        "--steps",
+        "60",
+        "--slots",
+        "6",
+        "--max-prompt",
+        "160",
+        "--max-decode",
+        "24",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let summary = out
+        .lines()
+        .find(|l| l.starts_with("soak summary: 60 steps"))
+        .unwrap_or_else(|| panic!("no summary in {out}"));
+    assert!(summary.ends_with(", 0 mismatches"), "{summary}");
+    // Requests came and went, and bytes were compared.
+    let num = |after: &str| -> u64 {
+        let i = summary
+            .find(after)
+            .unwrap_or_else(|| panic!("{after} in {summary}"));
+        summary[..i]
+            .split([' ', '('])
+            .rfind(|w| !w.is_empty())
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(num(" finished)") >= 2, "{summary}");
+    assert!(num(" bytes compared") > 1 << 20, "{summary}");
+    assert!(out.contains("memory: device"), "{out}");
+}
+
+#[test]
+fn soak_rejects_bad_options() {
+    for args in [
+        &["soak", "--slots", "0"][..],
+        &["soak", "--duration", "-1"],
+        &["soak", "--max-prompt", "1"],
+        &["soak", "--steps", "x"],
+    ] {
+        let (code, out) = run(args);
+        assert_eq!(code, 2, "{args:?}: {out}");
+    }
+}

@@ -1,14 +1,20 @@
 //! Test data: a deterministic generator and the inputs of typical cases of
 //! each operation, as [`VectorFile`](crate::vectors::VectorFile)s.
 //!
+//! [`random_call`] draws calls of every operation for the concurrency
+//! tests and the `soak` command.
+//!
 //! What the CLI's `capture`, `bench` and `demo`, the Criterion benches and
 //! the tests run. Every value is a function of a seed, so a case is
 //! regenerated bit for bit anywhere (the seed harness's
 //! `scripts/seed/seed_bench.py` rebuilds the bench's inputs from the same
 //! rules).
 
+mod calls;
 mod cases;
 mod rng;
+
+pub use calls::{random_call, random_calls, CallMix};
 
 pub use cases::{
     make_case, make_gather_case, make_written_gather_case, rope_cos_sin, split, CaseSpec,

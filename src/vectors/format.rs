@@ -287,6 +287,57 @@ fn from_st_dtype(name: &str, d: safetensors::Dtype) -> Result<DType> {
     })
 }
 
+/// The first key that appears twice in one object of a JSON text (decoded,
+/// so `"a"` and `"\u0061"` are the same key), or `None`. Assumes the text
+/// parsed as JSON already.
+pub(super) fn duplicate_key(json: &[u8]) -> Option<String> {
+    // One set of keys per open object (hashed: a hostile header may hold
+    // millions); arrays push nothing.
+    let mut objects: Vec<std::collections::HashSet<String>> = Vec::new();
+    let mut open: Vec<u8> = Vec::new();
+    let mut i = 0;
+    while i < json.len() {
+        match json[i] {
+            b'{' => {
+                open.push(b'{');
+                objects.push(Default::default());
+            }
+            b'[' => open.push(b'['),
+            b'}' => {
+                open.pop();
+                objects.pop();
+            }
+            b']' => {
+                open.pop();
+            }
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < json.len() && json[i] != b'"' {
+                    i += if json[i] == b'\\' { 2 } else { 1 };
+                }
+                let raw = json.get(start..=i)?;
+                let mut j = i + 1;
+                while j < json.len() && json[j].is_ascii_whitespace() {
+                    j += 1;
+                }
+                // A string followed by ':' inside an object is a key.
+                if open.last() == Some(&b'{') && json.get(j) == Some(&b':') {
+                    let key: String = serde_json::from_slice(raw).ok()?;
+                    let keys = objects.last_mut()?;
+                    if keys.contains(&key) {
+                        return Some(key);
+                    }
+                    keys.insert(key);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
 // ---- exact decimals -------------------------------------------------------------
 
 /// The exact decimal value of an f32 (every finite f32 is a finite decimal),
@@ -339,8 +390,13 @@ impl VectorFile {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let st = safetensors::SafeTensors::deserialize(bytes)
             .map_err(|e| Error::Vectors(format!("not a valid safetensors file: {e}")))?;
-        let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
+        let (n, header) = safetensors::SafeTensors::read_metadata(bytes)
             .map_err(|e| Error::Vectors(format!("not a valid safetensors file: {e}")))?;
+        // The JSON parser keeps the last of two equal names; a file that
+        // names a tensor or a metadata key twice is ambiguous, so rejected.
+        if let Some(key) = bytes.get(8..8 + n).and_then(duplicate_key) {
+            return Err(Error::Vectors(format!("the header names {key:?} twice")));
+        }
         let mut f = VectorFile::default();
         if let Some(m) = header.metadata() {
             f.meta = m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -435,11 +491,10 @@ impl VectorFile {
                     .get(&format!("in.{out}"))
                     .ok_or_else(|| Error::Vectors(format!("{name} has no matching in.{out}")))?;
                 let expected = &self.tensors[name];
-                if input.data.len() != expected.data.len() {
+                if input.dtype != expected.dtype || input.shape != expected.shape {
                     return Err(Error::Vectors(format!(
-                        "{name} has {} bytes but in.{out} has {}",
-                        expected.data.len(),
-                        input.data.len()
+                        "{name} is {} {:?} but in.{out} is {} {:?}",
+                        expected.dtype, expected.shape, input.dtype, input.shape
                     )));
                 }
             }

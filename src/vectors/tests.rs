@@ -192,3 +192,48 @@ fn fp8_rows_stored_as_u8_replay() {
     }
     assert!(f.replay(&mut CpuBackend::new()).unwrap().passed());
 }
+
+/// Regressions from `tests/vector_fuzz.rs`: a name given twice (the JSON
+/// parser kept the last) and an expected output whose dtype or shape is not
+/// its input's were accepted.
+#[test]
+fn ambiguous_files_are_rejected() {
+    let mut f = make_case(&CaseSpec::default());
+    f.capture_reference().unwrap();
+    let bytes = f.to_bytes().unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap().trim_end();
+    let start = header.find("\"in.latent\"").unwrap();
+    let end = start + header[start..].find('}').unwrap() + 1;
+    // The same entry again, its name spelled with an escape.
+    let dup = header[start..end].replacen("in.latent", "in.l\\u0061tent", 1);
+    let mut h = format!("{},{dup}}}", &header[..header.len() - 1]);
+    while h.len() % 8 != 0 {
+        h.push(' ');
+    }
+    let mut b = (h.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(h.as_bytes());
+    b.extend_from_slice(&bytes[8 + n..]);
+    let e = VectorFile::from_bytes(&b).unwrap_err().to_string();
+    assert!(e.contains("in.latent") && e.contains("twice"), "{e}");
+    assert_eq!(
+        super::format::duplicate_key(br#"{"a":{"a":1},"b":[{"c":1,"c":2}]}"#).as_deref(),
+        Some("c")
+    );
+    assert_eq!(
+        super::format::duplicate_key(br#"{"a":{"a":"b:"},"b":["a","a"]}"#),
+        None
+    );
+
+    let mut g = f.clone();
+    let t = g.tensors.get_mut("out.kv_cache").unwrap();
+    let len = t.data.len();
+    t.shape = vec![len];
+    let e = VectorFile::from_bytes(&g.to_bytes().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("out.kv_cache") && e.contains("in.kv_cache"),
+        "{e}"
+    );
+}

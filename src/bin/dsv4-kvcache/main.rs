@@ -5,6 +5,7 @@
 //! dsv4-kvcache demo    [--backend auto|cpu|cuda|hip] [--requests R] [--prefill-tokens P] [--decode-steps D] [--seed S]
 //! dsv4-kvcache verify  FILE... [--backend auto|cpu|cuda|hip]
 //! dsv4-kvcache bench   [--backend auto|cpu|cuda|hip] [--tokens 1,16,128] [--only insert,fused] [--out FILE.json]
+//! dsv4-kvcache soak    [--backend auto|cpu|cuda|hip] [--steps N] [--duration SECONDS] [--seed S]
 //! dsv4-kvcache capture --op OP [--layout L] [--cr N] [--tokens T] [--requests R] [--seed S]
 //!                      [--sanitize] [--adversarial] --out FILE.safetensors
 //! ```
@@ -14,7 +15,7 @@
 //!
 //! The parts: [`args`] parses options, [`select`] picks and opens a backend
 //! (with [`timing`], how each backend is timed), and each subcommand has its
-//! module: [`info`], [`verify`], [`capture`], [`demo`] and [`bench`].
+//! module: [`info`], [`verify`], [`capture`], [`demo`], [`soak`] and [`bench`].
 
 mod args;
 mod bench;
@@ -22,6 +23,7 @@ mod capture;
 mod demo;
 mod info;
 mod select;
+mod soak;
 mod timing;
 mod verify;
 
@@ -39,6 +41,11 @@ usage:
                     [--decode-steps D] [--seed S]
       chunked prefill and decode through the CR2 ring into all five cache layouts,
       checked byte for byte against the CPU reference
+  dsv4-kvcache soak [--backend auto|cpu|cuda|hip] [--steps N] [--duration SECONDS] [--seed S]
+                    [--slots R] [--max-prompt P] [--max-decode D] [--report-every SECONDS]
+      serving-shaped traffic (requests arriving and finishing, chunked prefill, decode with
+      a draft token, ring and block reuse, all layouts, the reader) compared byte for byte
+      with the CPU reference; memory sampled; exit 1 on any mismatch
   dsv4-kvcache verify FILE... [--backend auto|cpu|cuda|hip]
       replay test-vector files (safetensors) and compare every output byte
   dsv4-kvcache bench [--backend auto|cpu|cuda|hip] [--tokens 1,16,128,...] [--only NAME,...]
@@ -136,6 +143,7 @@ fn run(args: Vec<String>) -> CliResult<()> {
         "verify" => verify::verify_cmd(rest),
         "bench" => bench::bench_cmd(rest),
         "capture" => capture::capture_cmd(rest),
+        "soak" => soak::soak_cmd(rest),
         other => Err(CliError::Usage(format!("unknown command {other:?}"))),
     }
 }

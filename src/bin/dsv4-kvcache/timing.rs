@@ -41,6 +41,11 @@ pub(crate) trait Timing<B: Backend> {
         calls: usize,
         f: &mut dyn FnMut(&B) -> Result<()>,
     ) -> Result<f64>;
+    /// Device memory in use (the whole device's, as its driver reports),
+    /// where the backend can say; `soak` samples it.
+    fn device_memory_used(&self, _b: &B) -> Option<u64> {
+        None
+    }
 }
 
 /// Wall-clock timing, for the CPU; `WallClock(false)` treats the CPU backend
