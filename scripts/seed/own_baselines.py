@@ -219,17 +219,21 @@ def rows_insert(latent, positions, cos_sin, kv_cache, slot_mapping, compress_rat
     )
 
 
-def norm_cr1(kv_score, slot_mapping, weight, eps, latent_out):
+def norm_cr1(kv_score, slot_mapping, weight, eps, latent_out, num_warps=4):
     _own_norm_cr1_kernel[(slot_mapping.numel(),)](
-        kv_score, slot_mapping, weight, latent_out, EPS=eps, RAW_STRIDE=kv_score.stride(0), num_warps=4,
+        kv_score, slot_mapping, weight, latent_out, EPS=eps, RAW_STRIDE=kv_score.stride(0), num_warps=num_warps,
     )
 
 
 def compress_cr2(kv_score, positions, slot_mapping, query_start_loc, token_to_req, state_cache, weight, eps,
-                 latent_out):
+                 latent_out, num_warps=4):
     """CR2 save/compress/norm, no prev_rows; state_cache is [blocks, capacity, 1024] f32."""
     num_reqs = query_start_loc.numel() - 1
     _own_compress_cr2_kernel[(num_reqs + kv_score.shape[0],)](
         kv_score, positions, slot_mapping, query_start_loc, token_to_req, state_cache, weight, latent_out,
-        num_reqs, EPS=eps, CAP=state_cache.shape[1], num_warps=4,
+        num_reqs, EPS=eps, CAP=state_cache.shape[1], num_warps=num_warps,
     )
+
+# The compressor peers' launch widths tried by seed_bench.py (--tune-warps):
+# the timed figure of a peer is its best, as a user tuning it would pick.
+TUNE_WARPS = (1, 2, 4, 8)

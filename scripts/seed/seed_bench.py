@@ -68,7 +68,7 @@ def make_inputs(T, dev, gen_seed=1234):
     return latent, positions, cos_sin, slots, num_blocks, g
 
 
-def build_ops(T, dev, baselines):
+def build_ops(T, dev, baselines, tune_warps=False):
     """{label: (kind, zero-arg callable)}; kind is 'seed' or 'own'."""
     latent, positions, cos_sin, slots, nb, g = make_inputs(T, dev)
     ops = {}
@@ -92,13 +92,19 @@ def build_ops(T, dev, baselines):
         kv = torch.randn(T, 512, generator=g).to(dev)
         w = (1.0 + 0.1 * torch.randn(512, generator=g)).to(torch.bfloat16).to(dev)
         out = torch.zeros(T, 512, dtype=torch.bfloat16, device=dev)
-        ops["own save/compress/norm CR1"] = ("own", lambda: own_baselines.norm_cr1(
-            kv, slots, w, 1e-6, out))
+        # With --tune-warps every launch width is a row of its own ("... nw=N");
+        # the peer's figure is the best of them (see TUNED below).
+        widths = own_baselines.TUNE_WARPS if tune_warps else (4,)
+        sfx = (lambda nw: f" nw={nw}") if tune_warps else (lambda nw: "")
+        for nw in widths:
+            ops["own save/compress/norm CR1" + sfx(nw)] = ("own", lambda nw=nw: own_baselines.norm_cr1(
+                kv, slots, w, 1e-6, out, num_warps=nw))
         for label, reqs in (("T one-token requests", T), ("T/2 two-token requests", max(T // 2, 1)),
                             ("4 requests of T/4", 4)):
             a = cr2_inputs(T, reqs, g, dev)
-            ops[f"own save/compress/norm CR2, {label}"] = ("own", lambda a=a: own_baselines.compress_cr2(
-                *a, w, 1e-6, out))
+            for nw in widths:
+                ops[f"own save/compress/norm CR2, {label}" + sfx(nw)] = (
+                    "own", lambda a=a, nw=nw: own_baselines.compress_cr2(*a, w, 1e-6, out, num_warps=nw))
     return ops
 
 
@@ -134,6 +140,8 @@ def main():
     ap.add_argument("--copy-gib", default="1,2")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="run each op once, no timing (CPU/interpreter)")
+    ap.add_argument("--tune-warps", action="store_true",
+                    help="time the compressor peers at every num_warps of own_baselines.TUNE_WARPS and report the best")
     args = ap.parse_args()
 
     t_start = time.time()
@@ -159,7 +167,7 @@ def main():
     kinds = {}
     errors = {}
     for T in tokens:
-        ops = build_ops(T, dev, not args.no_baselines)
+        ops = build_ops(T, dev, not args.no_baselines, args.tune_warps)
         for label, (kind, fn) in ops.items():
             kinds[label] = kind
             try:
@@ -193,6 +201,20 @@ def main():
             print(f"  copy {gib:g} GiB: {us:.1f} us per copy, {tbps:.3f} TB/s (read+write)", flush=True)
             del src, dst
             torch.cuda.empty_cache()
+
+    # The tuned peers: per op and T, the best launch width.
+    tuned = {}
+    for label, row in results.items():
+        if " nw=" in label:
+            base, nw = label.rsplit(" nw=", 1)
+            for t, us in row.items():
+                best = tuned.setdefault(base + " (best num_warps)", {}).get(t)
+                if best is None or us < best[0]:
+                    tuned[base + " (best num_warps)"][t] = (us, int(nw))
+    for label, row in tuned.items():
+        kinds[label] = "own"
+        results[label] = {t: v[0] for t, v in row.items()}
+        print(f"  {label}: " + ", ".join(f"T={t} {v[0]:.2f} us (nw={v[1]})" for t, v in row.items()), flush=True)
 
     lines = []
     lines.append(f"Device: {info['device']}; Triton {info['triton']}, PyTorch {info['torch']}, CUDA {info['cuda']}")
