@@ -202,7 +202,16 @@ pub fn rust(abi: &Abi) -> Result<String, String> {
     for (name, v) in &abi.defines {
         let _ = writeln!(g, "    /// `{name}`.\n    pub const {name}: u32 = {v};");
     }
-    g.push_str("}\n\n");
+    g.push_str("    /// Every constant above, `(name, value)` in file order.\n");
+    let _ = writeln!(
+        g,
+        "    pub const ALL: [(&str, u32); {}] = [",
+        abi.defines.len()
+    );
+    for (name, _) in &abi.defines {
+        let _ = writeln!(g, "        ({name:?}, {name}),");
+    }
+    g.push_str("    ];\n}\n\n");
     for b in &abi.blocks {
         let rname = rust_block_name(&b.c_name);
         let (offsets, size, _) = layout(abi, b)?;

@@ -157,6 +157,9 @@ struct KvGatherParams {
 #define KV_COUNT_INDEX 2
 
 #define KV_GROUP_LANES 32u
+// Groups in a CR2 team and in a CR2 pair (the host sizes their blocks).
+#define KV_CR2_TEAM 4
+#define KV_CR2_PAIR 2
 // The largest block the host launches (src/kernel_abi.rs, BLOCK_THREADS).
 #define KV_BLOCK_THREADS 256
 

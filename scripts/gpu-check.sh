@@ -8,7 +8,8 @@
 # The run: device parity in every kernel mapping (one process), the same run
 # under compute-sanitizer memcheck (fewer cases), graph capture and replay,
 # the seed vectors (test and `verify`), the same-errors test, the reader's
-# device parity (gather_device), `demo`, 8 threads sharing one backend
+# device parity (gather_device), `demo`, 8 threads sharing one backend on
+# its stream, on one stream it made and each on a stream of its own
 # (concurrency), `soak` for GPU_CHECK_SOAK_S seconds (default 60), and the
 # host cost of one eager launch beside an older build's when DIR/old/ holds
 # one (OLD_BIN names an older build's binary when bundling). Without an NVIDIA GPU it

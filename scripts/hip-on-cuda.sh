@@ -18,9 +18,12 @@
 #
 # What runs: for a reported MI300X (gfx942) and MI355X (gfx950): `info`, the
 # HIP backend tests (parity with the reference, graph replay vs eager, event
-# timing), the in-process fault/leak/sanitize test, the device parity suite
+# timing), the in-process fault/leak/sanitize test (a failed launch or wait
+# names the cache rows it may have written), the device parity suite
 # through HipBackend in all eight kernel mappings (one process; one case per
-# kind and value mix on MI355X), `verify` of the seed vectors and `demo --backend hip`;
+# kind and value mix on MI355X), `verify` of the seed vectors and `demo --backend hip`,
+# 8 threads sharing one backend on its stream, on one stream it made and each
+# on a stream of its own (concurrency), `soak` with device memory sampled;
 # then every injected fault through the CLI (an error naming what failed, no
 # panic, nothing left allocated), and the parity suite under
 # compute-sanitizer memcheck; a copy of the runtime loaded from an unusual
@@ -217,8 +220,10 @@ run() {
         fi
 
         logrun "$bin/concurrency" hip_ --nocapture
-        if [ $rc -eq 0 ] && ! grep -q SKIPPED "$log" && grep -q "identical to the sequential run" "$log"; then
-            pass "$dev concurrency: $(grep -m1 "identical to the sequential" "$log" | cut -c1-160)"
+        if [ $rc -eq 0 ] && ! grep -q SKIPPED "$log" && [ "$(grep -c "^hip, .*identical to the sequential run" "$log")" -eq 3 ]; then
+            while IFS= read -r line; do
+                pass "$dev concurrency: $(cut -c1-160 <<<"$line")"
+            done <<<"$(grep "^hip, .*identical to the sequential" "$log")"
         else
             fail "$dev concurrency (rc $rc)"
             show_tail "$log"
@@ -269,7 +274,8 @@ run() {
     export HIPCUDA_DEVICE=mi300x
     local spec want
     for spec in "alloc:hipMalloc" "alloc@3:hipMalloc" "module-load:hipModuleLoadData" \
-        "missing-kernel@2:hipModuleGetFunction" "launch:hipModuleLaunchKernel" "arch:gcnArchName"; do
+        "missing-kernel@2:hipModuleGetFunction" "launch:hipModuleLaunchKernel" "sync@3:hipStreamSynchronize" \
+        "arch:gcnArchName"; do
         want="${spec#*:}"
         : >"$HIPCUDA_REPORT"
         logrun env HIPCUDA_FAULT="${spec%%:*}" "$bin/dsv4-kvcache" demo --backend hip

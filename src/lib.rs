@@ -25,8 +25,12 @@
 //! same calls made one after another (`tests/concurrency.rs`). Written
 //! tensors are borrowed mutably, so no two calls write one buffer at once
 //! (the raw entry points leave that to the caller). GPU safe calls share the
-//! backend's one stream, in submission order; raw calls order on the stream
-//! given. Skip counts are the backend's, across threads. NaN sanitizing is
+//! backend's one stream, in submission order, unless a thread takes a stream
+//! of its own (`GpuBackend::create_stream` and `on_stream`, a view that is a
+//! `Backend` too, with its own sanitize setting); raw calls order on the
+//! stream given. Skip counts are the backend's, across threads and streams.
+//! A failed launch or wait names the rows it may have written
+//! ([`Touched`]). NaN sanitizing is
 //! not shared mutable state: changing it takes `&mut self`. A graph capture
 //! records whatever is launched on the backend's stream meanwhile, so no
 //! other thread may launch on it during one.
@@ -53,7 +57,7 @@ pub use backend::cuda::CudaBackend;
 #[cfg(feature = "hip")]
 pub use backend::hip::HipBackend;
 pub use backend::Backend;
-pub use error::{Error, Result};
+pub use error::{Error, IndexValues, Result, Rows, Touched, TouchedRows};
 pub use gather::{GatherArgs, GatherIndex};
 pub use launch::LaunchPolicy;
 pub use layout::RecordLayout;

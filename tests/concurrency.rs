@@ -3,9 +3,10 @@
 //! random calls of every operation (the four writers and the reader, every
 //! layout, CR1 and CR2, sanitize on and off, special values), on the CPU
 //! reference (`&CpuBackend`, in CI) and on CUDA and HIP (`Arc` of the
-//! backend, all threads on its stream; SKIPPED without a device, a failure
-//! under `DSV4_KVCACHE_REQUIRE_GPU`). The skip counts of all threads add up
-//! to those of the sequential run. Every tenth call is invalid and must be
+//! backend: all threads on its stream, all on one stream it made, and each
+//! thread on a stream of its own; SKIPPED without a device, a failure under
+//! `DSV4_KVCACHE_REQUIRE_GPU`). The skip counts of all threads add up to
+//! those of the sequential run. Every tenth call is invalid and must be
 //! rejected without writing (on every backend).
 //!
 //! `DSV4_KVCACHE_CONCURRENCY_CALLS` sets the calls per thread (default 200).
@@ -15,6 +16,7 @@
 #[path = "gpu_required/mod.rs"]
 mod gpu_required;
 
+use dsv4_kvcache::backend::gpu::{Driver, GpuBackend, OnStream, Stream};
 use dsv4_kvcache::testkit::{random_calls, CallMix};
 use dsv4_kvcache::vectors::VectorFile;
 use dsv4_kvcache::{Backend, CpuBackend, DType, Result, SkipCounts};
@@ -84,45 +86,60 @@ fn skipped<B: Backend>(pair: &[&B; 2]) -> Result<SkipCounts> {
     })
 }
 
-/// Runs the workload one call after another, then from `THREADS` threads
-/// at once on the same backends, and compares every written byte and the
-/// skip counts.
-fn check_shared<B: Backend + Sync>(pair: [&B; 2], what: &str) {
-    let work = workload();
-    skipped(&pair).expect("reset the skip counts");
-    let sequential: Vec<Vec<Written>> = work
+/// Every thread's outputs, call by call.
+type Outputs = Vec<Vec<Written>>;
+
+/// One thread's calls on `pair`, in order.
+fn run_calls<B: Backend>(pair: &[&B; 2], calls: &[VectorFile], what: &str) -> Vec<Written> {
+    calls
         .iter()
-        .map(|calls| {
-            calls
-                .iter()
-                .enumerate()
-                .map(|(i, f)| run_one(&pair, f, i).expect("sequential call"))
-                .collect()
-        })
+        .enumerate()
+        .map(|(i, f)| run_one(pair, f, i).unwrap_or_else(|e| panic!("{what}: call {i}: {e}")))
+        .collect()
+}
+
+/// The workload one call after another on `pair`, with the tokens skipped.
+fn sequential<B: Backend>(pair: [&B; 2], work: &[Vec<VectorFile>]) -> (Outputs, SkipCounts) {
+    skipped(&pair).expect("reset the skip counts");
+    let out = work
+        .iter()
+        .map(|calls| run_calls(&pair, calls, "sequential"))
         .collect();
-    let seq_skips = skipped(&pair).expect("sequential skip counts");
-    let concurrent: Vec<Vec<Written>> = std::thread::scope(|s| {
+    (out, skipped(&pair).expect("sequential skip counts"))
+}
+
+/// The workload from `THREADS` threads at once, thread `t` running its calls
+/// through `lane(t, calls)`.
+fn concurrent<L>(work: &[Vec<VectorFile>], lane: L) -> Outputs
+where
+    L: Fn(usize, &[VectorFile]) -> Vec<Written> + Sync,
+{
+    std::thread::scope(|s| {
+        let lane = &lane;
         let handles: Vec<_> = work
             .iter()
-            .map(|calls| {
-                s.spawn(|| {
-                    calls
-                        .iter()
-                        .enumerate()
-                        .map(|(i, f)| run_one(&pair, f, i).expect("concurrent call"))
-                        .collect::<Vec<_>>()
-                })
-            })
+            .enumerate()
+            .map(|(t, calls)| s.spawn(move || lane(t, calls)))
             .collect();
         handles
             .into_iter()
             .map(|h| h.join().expect("a thread panicked"))
             .collect()
-    });
-    let conc_skips = skipped(&pair).expect("concurrent skip counts");
+    })
+}
+
+/// Every written byte and the skip counts of the concurrent run equal the
+/// sequential run's.
+fn compare(
+    what: &str,
+    work: &[Vec<VectorFile>],
+    (sequential, seq_skips): &(Outputs, SkipCounts),
+    concurrent: &Outputs,
+    conc_skips: SkipCounts,
+) {
     let mut calls = 0usize;
     let mut bytes = 0usize;
-    for (t, (seq, conc)) in sequential.iter().zip(&concurrent).enumerate() {
+    for (t, (seq, conc)) in sequential.iter().zip(concurrent).enumerate() {
         for (i, (a, b)) in seq.iter().zip(conc).enumerate() {
             calls += 1;
             assert_eq!(a.len(), b.len(), "{what}: thread {t} call {i}: outputs");
@@ -141,12 +158,28 @@ fn check_shared<B: Backend + Sync>(pair: [&B; 2], what: &str) {
         }
     }
     assert_eq!(
-        seq_skips, conc_skips,
+        *seq_skips, conc_skips,
         "{what}: skip counts of the threads vs the sequential run"
     );
     println!(
         "{what}: {THREADS} threads x {} calls: {calls} calls, {bytes} bytes identical to the sequential run; skips {seq_skips:?}",
         calls_per_thread()
+    );
+}
+
+/// Runs the workload one call after another, then from `THREADS` threads
+/// at once on the same backends, and compares every written byte and the
+/// skip counts.
+fn check_shared<B: Backend + Sync>(pair: [&B; 2], what: &str) {
+    let work = workload();
+    let seq = sequential(pair, &work);
+    let conc = concurrent(&work, |_, calls| run_calls(&pair, calls, what));
+    compare(
+        what,
+        &work,
+        &seq,
+        &conc,
+        skipped(&pair).expect("skip counts"),
     );
 }
 
@@ -177,6 +210,71 @@ fn check_against_cpu<B: Backend>(pair: [&B; 2], what: &str) {
     }
 }
 
+/// The safe API of `b` on `stream`: sanitize off, and on.
+fn views<'a, D: Driver>(b: &'a GpuBackend<D>, stream: &'a Stream<D>) -> [OnStream<'a, D>; 2] {
+    let off = b.on_stream(stream).expect("a view of the backend's stream");
+    let mut on = b.on_stream(stream).expect("a view of the backend's stream");
+    on.set_sanitize(true);
+    [off, on]
+}
+
+/// A GPU backend pair (sanitize off, on) shared by `THREADS` threads in
+/// three ways, each compared with the same calls made one after another:
+/// all threads on the backend's own stream, all on one stream the backend
+/// made, and each thread on a stream of its own (the views of `pair[0]`).
+fn check_streams<D: Driver>(pair: [&GpuBackend<D>; 2], what: &str) {
+    let work = workload();
+    let seq = sequential(pair, &work);
+    let skips = || skipped(&pair).expect("skip counts");
+
+    let conc = concurrent(&work, |_, calls| run_calls(&pair, calls, what));
+    compare(
+        &format!("{what}, the backend's stream"),
+        &work,
+        &seq,
+        &conc,
+        skips(),
+    );
+
+    let one = pair[0].create_stream().expect("a stream");
+    let conc = concurrent(&work, |_, calls| {
+        let [off, on] = views(pair[0], &one);
+        run_calls(&[&off, &on], calls, what)
+    });
+    compare(
+        &format!("{what}, one stream for all threads"),
+        &work,
+        &seq,
+        &conc,
+        skips(),
+    );
+
+    let own: Vec<Stream<D>> = (0..THREADS)
+        .map(|_| pair[0].create_stream().expect("a stream per thread"))
+        .collect();
+    let mut handles: Vec<_> = own.iter().map(Stream::raw).collect();
+    handles.push(one.raw());
+    handles.push(pair[0].stream());
+    handles.sort_unstable_by_key(|s| s.0);
+    handles.dedup();
+    assert_eq!(
+        handles.len(),
+        THREADS + 2,
+        "{what}: stream handles are distinct"
+    );
+    let conc = concurrent(&work, |t, calls| {
+        let [off, on] = views(pair[0], &own[t]);
+        run_calls(&[&off, &on], calls, what)
+    });
+    compare(
+        &format!("{what}, a stream per thread"),
+        &work,
+        &seq,
+        &conc,
+        skips(),
+    );
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_shared_across_threads_matches_sequential() {
@@ -190,7 +288,7 @@ fn cuda_shared_across_threads_matches_sequential() {
         Ok((off, on)) => {
             let pair = [&*off, &*on];
             check_against_cpu(pair, "cuda");
-            check_shared(pair, "cuda");
+            check_streams(pair, "cuda");
         }
         Err(e) => gpu_required::skip_or_fail(
             "cuda_shared_across_threads_matches_sequential",
@@ -214,7 +312,7 @@ fn hip_shared_across_threads_matches_sequential() {
         Ok((off, on)) => {
             let pair = [&*off, &*on];
             check_against_cpu(pair, "hip");
-            check_shared(pair, "hip");
+            check_streams(pair, "hip");
         }
         Err(e) => gpu_required::skip_or_fail(
             "hip_shared_across_threads_matches_sequential",

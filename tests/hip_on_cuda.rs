@@ -18,7 +18,9 @@ use common::{random_case, run_case, Kind, Op};
 use dsv4_kvcache::backend::hip::HipBackend;
 use dsv4_kvcache::detect::SanitizePolicy;
 use dsv4_kvcache::kernel_abi::Kernel;
-use dsv4_kvcache::{Backend, CpuBackend, Error, RecordLayout};
+use dsv4_kvcache::testkit::{make_case, CaseSpec};
+use dsv4_kvcache::vectors::Op as VOp;
+use dsv4_kvcache::{Backend, CpuBackend, Error, IndexValues, RecordLayout, Rows, TouchedRows};
 use std::ffi::{c_char, c_int, CString};
 use std::io::Write as _;
 
@@ -183,6 +185,73 @@ fn expect_driver<T>(r: dsv4_kvcache::Result<T>, call: &str, code: &str, what: &s
     }
 }
 
+/// Two calls launched, then the wait for them fails (`fault=sync`): the
+/// error names both calls' rows; a wait after it names none.
+fn failed_wait_names_pending_rows(shim: &Shim, b: &HipBackend) {
+    let spec = |op, seed| CaseSpec {
+        op,
+        layout: RecordLayout::Nvfp4,
+        compress_ratio: 2,
+        tokens: 9,
+        requests: 2,
+        ring_capacity: 4,
+        seed,
+        sanitize: b.sanitize(),
+        adversarial: false,
+    };
+    let insert = make_case(&spec(VOp::RopeQuantInsert, 1));
+    let ring = make_case(&spec(VOp::SaveRingRows, 2));
+    let mut pi = insert.prepare(b).expect("upload the insert");
+    let mut pr = ring.prepare(b).expect("upload the ring rows");
+    shim.set("fault=sync");
+    pi.launch(b).expect("launch the insert");
+    pr.launch(b).expect("launch the ring rows");
+    let e = b
+        .synchronize()
+        .expect_err("the injected failure of the wait");
+    let s = e.to_string();
+    let Error::Driver { call, touched, .. } = &e else {
+        panic!("sync fault: expected a driver error, got {e}");
+    };
+    assert_eq!(*call, "hipStreamSynchronize", "{s}");
+    let named: Vec<(&str, &str)> = touched.rows.iter().map(|r| (r.op, r.tensor)).collect();
+    assert_eq!(
+        named,
+        [
+            ("rope_quant_insert", "kv_cache"),
+            ("save_ring_rows", "state_cache")
+        ],
+        "{s}"
+    );
+    assert!(
+        touched.rows.iter().all(|r| matches!(
+            r.rows,
+            Rows::Indexed {
+                values: IndexValues::Unread,
+                ..
+            }
+        )),
+        "{s}"
+    );
+    println!("sync fault: {s}");
+    b.synchronize().expect("a wait with nothing pending");
+    // What the calls wrote is what the reference writes.
+    let cpu = |f: &dsv4_kvcache::vectors::VectorFile| {
+        let mut c = CpuBackend::new();
+        f.execute(&mut c).expect("reference").0
+    };
+    assert_eq!(
+        pi.outputs(b).unwrap(),
+        cpu(&insert),
+        "insert after the sync fault"
+    );
+    assert_eq!(
+        pr.outputs(b).unwrap(),
+        cpu(&ring),
+        "ring rows after the sync fault"
+    );
+}
+
 /// One test, run in order: the faults are process-wide, so nothing else may
 /// use the runtime meanwhile.
 #[test]
@@ -249,10 +318,26 @@ fn devices_faults_and_leaks() {
     );
     let second = run_case(&b, &sanitized);
     match &second.result {
-        Err(e @ Error::Driver { .. }) => {
+        Err(e @ Error::Driver { touched, .. }) => {
             let s = e.to_string();
             assert!(
                 s.contains("hipModuleLaunchKernel") && s.contains("hipErrorLaunchFailure"),
+                "{s}"
+            );
+            // The failed launch names the cache rows it may have written:
+            // the insert's slots, their values read back.
+            let want = TouchedRows {
+                op: "rope_quant_insert",
+                tensor: "kv_cache",
+                rows: Rows::Indexed {
+                    index: "slot_mapping",
+                    count: sanitized.n(),
+                    values: IndexValues::of(sanitized.slots()),
+                },
+            };
+            assert_eq!(touched.rows, [want], "{s}");
+            assert!(
+                s.contains("may have written: rope_quant_insert kv_cache"),
                 "{s}"
             );
             println!("launch fault: {s}");
@@ -260,6 +345,11 @@ fn devices_faults_and_leaks() {
         other => panic!("launch fault: expected a driver error, got {other:?}"),
     }
     matches_reference(&b, &sanitized, "launch after the launch fault");
+
+    // A wait that fails after launches names the rows of every call still
+    // pending on the stream (values unread: the tensors may be gone), and
+    // the next wait, with nothing pending, names none.
+    failed_wait_names_pending_rows(&shim, &b);
 
     shim.set("fault=capture");
     let dev_buf = b.upload(&[0u8; 64]).unwrap();
@@ -335,7 +425,7 @@ fn devices_faults_and_leaks() {
     drop(b);
     shim.assert_balanced("at the end");
     let c = shim.counters();
-    assert!(c["faults_injected"] >= 7, "{c:?}");
+    assert!(c["faults_injected"] >= 8, "{c:?}");
     println!("hip-on-cuda counters: {c:?}");
 }
 

@@ -13,24 +13,42 @@ mod gather_cases;
 #[path = "gpu_required/mod.rs"]
 mod gpu_required;
 
-use common::{all_kinds, random_case, run_case_mut, Buf, Case, Outputs};
+use common::{all_kinds, random_case, run_case, run_case_mut, Buf, Case, Outputs};
+use dsv4_kvcache::backend::gpu::driver::Params;
 use dsv4_kvcache::backend::gpu::{DeviceFacts, Driver, GpuBackend};
 use dsv4_kvcache::backend::{RawDevice, RawStream};
 use dsv4_kvcache::detect::SanitizePolicy;
-use dsv4_kvcache::kernel_abi::Kernel;
+use dsv4_kvcache::kernel_abi::{Geometry, Kernel};
 use dsv4_kvcache::launch::{Cr2Items, LaunchPolicy};
 use dsv4_kvcache::{
     Backend, CpuBackend, DType, Error, InsertArgs, RecordLayout, Result, Tensor, TensorDesc,
     TensorMut,
 };
-use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A driver with no GPU: memory is host memory (16-byte aligned), copies
 /// are `memcpy`, and a launch records its kernel's name instead of running.
 struct Stand {
     facts: DeviceFacts,
     launched: Mutex<Vec<&'static str>>,
+    /// The stream of each launch.
+    launch_streams: Mutex<Vec<RawStream>>,
+    /// Streams made and not yet dropped.
+    live_streams: Arc<AtomicUsize>,
+    /// The next launch fails.
+    fail_launch: AtomicBool,
+    /// The next wait fails.
+    fail_sync: AtomicBool,
+}
+
+/// A stand-in stream: a number, counted while it lives.
+struct StandStream(Arc<AtomicUsize>);
+
+impl Drop for StandStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Stand {
@@ -45,6 +63,10 @@ impl Stand {
                 multiprocessors: None,
             },
             launched: Mutex::new(Vec::new()),
+            launch_streams: Mutex::new(Vec::new()),
+            live_streams: Arc::new(AtomicUsize::new(0)),
+            fail_launch: AtomicBool::new(false),
+            fail_sync: AtomicBool::new(false),
         }
     }
 }
@@ -57,6 +79,7 @@ unsafe impl Driver for Stand {
     type Memory = Box<[u128]>;
     type Event = ();
     type Graph = ();
+    type Stream = StandStream;
 
     fn facts(&self) -> &DeviceFacts {
         &self.facts
@@ -70,7 +93,11 @@ unsafe impl Driver for Stand {
     fn function(&self, kernel: Kernel) -> Result<usize> {
         Ok(kernel.index())
     }
-    fn alloc(&self, len: usize) -> Result<(Box<[u128]>, u64)> {
+    fn create_stream(&self) -> Result<(StandStream, RawStream)> {
+        let n = self.live_streams.fetch_add(1, Ordering::SeqCst);
+        Ok((StandStream(self.live_streams.clone()), RawStream(100 + n)))
+    }
+    fn alloc(&self, len: usize, _: Option<&StandStream>) -> Result<(Box<[u128]>, u64)> {
         let m = vec![0u128; len.div_ceil(16).max(1)].into_boxed_slice();
         let p = m.as_ptr() as u64;
         Ok((m, p))
@@ -87,27 +114,33 @@ unsafe impl Driver for Stand {
         std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
         Ok(())
     }
-    unsafe fn copy_on_device(&self, dst: u64, src: u64, len: usize, _: RawStream) -> Result<()> {
-        std::ptr::copy(src as *const u8, dst as *mut u8, len);
+    unsafe fn copy_on_device(&self, dst: u64, src: u64, n: usize, _: RawStream) -> Result<()> {
+        std::ptr::copy(src as *const u8, dst as *mut u8, n);
         Ok(())
     }
     fn synchronize(&self, _: RawStream) -> Result<()> {
+        if self.fail_sync.swap(false, Ordering::SeqCst) {
+            return Err(Error::driver(
+                "stand-in",
+                "wait",
+                "an injected kernel failure",
+            ));
+        }
         Ok(())
     }
     unsafe fn launch(
         &self,
-        function: usize,
-        grid: u32,
-        block: u32,
-        _shared_bytes: u32,
-        _stream: RawStream,
-        params: *mut c_void,
+        f: usize,
+        g: &Geometry,
+        stream: RawStream,
+        params: Params,
     ) -> Result<()> {
-        assert!(grid >= 1 && block >= 32 && !params.is_null());
-        self.launched
-            .lock()
-            .unwrap()
-            .push(Kernel::ALL[function].name());
+        assert!(g.grid >= 1 && g.block_threads >= 32 && !params.is_null());
+        if self.fail_launch.swap(false, Ordering::SeqCst) {
+            return Err(Error::driver("stand-in", "launch", "an injected failure"));
+        }
+        self.launch_streams.lock().unwrap().push(stream);
+        self.launched.lock().unwrap().push(Kernel::ALL[f].name());
         Ok(())
     }
     fn begin_capture(&self) -> Result<()> {
@@ -427,6 +460,122 @@ fn buffers_of_another_backend_are_refused_by_name() {
         "{e}"
     );
     assert!(a.driver().launched.lock().unwrap().is_empty());
+}
+
+/// A view on a stream the backend made launches there, with its own
+/// sanitize setting; the backend's own calls stay on its stream; a stream
+/// of another backend is refused by name; dropping a stream destroys it.
+#[test]
+fn views_launch_on_their_stream() {
+    use common::{Kind, Op};
+    let c = random_case(3, Kind::new(Op::RopeQuantInsert, 1, RecordLayout::Mxfp8));
+    let mut b = stand_in();
+    assert_eq!(run_case_mut(&mut b, &c).result, Ok(()));
+    let other = stand_in();
+    let s = b.create_stream().expect("a stream");
+    let t = b.create_stream().expect("another stream");
+    assert_ne!(s.raw(), t.raw());
+    assert_eq!(b.driver().live_streams.load(Ordering::SeqCst), 2);
+    let mut view = b.on_stream(&s).expect("a view on the backend's stream");
+    assert_eq!(view.raw(), s.raw());
+    assert!(!view.sanitize());
+    view.set_sanitize(true);
+    assert!(
+        view.sanitize() && !b.sanitize(),
+        "sanitize is the view's own"
+    );
+    view.set_sanitize(c.kind.sanitize);
+    assert_eq!(run_case(&view, &c).result, Ok(()));
+    assert_eq!(
+        *b.driver().launch_streams.lock().unwrap(),
+        [b.stream(), s.raw()]
+    );
+    match other.on_stream(&s) {
+        Err(Error::Value { arg: "stream", .. }) => {}
+        r => panic!("a stream of another backend: {r:?}"),
+    }
+    drop((s, t));
+    assert_eq!(b.driver().live_streams.load(Ordering::SeqCst), 0);
+}
+
+/// A launch that fails after validation names the cache rows the call may
+/// have written, its slot values read back; a wait that fails names the
+/// rows of every call launched since the last wait (values unread), the
+/// first 64 calls listed and the others counted; the next wait names none.
+#[test]
+fn failed_launches_and_waits_name_the_rows_they_may_have_written() {
+    use common::{Kind, Op};
+    use dsv4_kvcache::{IndexValues, Rows, TouchedRows};
+    let c = random_case(5, Kind::new(Op::RopeQuantInsert, 1, RecordLayout::V4));
+    let rows = |values| TouchedRows {
+        op: "rope_quant_insert",
+        tensor: "kv_cache",
+        rows: Rows::Indexed {
+            index: "slot_mapping",
+            count: c.n(),
+            values,
+        },
+    };
+    let mut b = stand_in();
+    b.driver().fail_launch.store(true, Ordering::SeqCst);
+    match run_case_mut(&mut b, &c).result {
+        Err(e @ Error::Driver { call: "launch", .. }) => {
+            let Error::Driver { touched, .. } = &e else {
+                unreachable!()
+            };
+            assert_eq!(touched.rows, [rows(IndexValues::of(c.slots()))], "{e}");
+            assert_eq!(touched.more_calls, 0);
+            assert!(
+                e.to_string().contains(
+                    "may have written: rope_quant_insert kv_cache rows named by slot_mapping[0.."
+                ),
+                "{e}"
+            );
+        }
+        r => panic!("an injected launch failure: {r:?}"),
+    }
+    b.synchronize().expect("nothing pending");
+
+    let f = dsv4_kvcache::testkit::make_case(&dsv4_kvcache::testkit::CaseSpec {
+        op: dsv4_kvcache::vectors::Op::SaveRingRows,
+        layout: RecordLayout::V4,
+        compress_ratio: 2,
+        tokens: 5,
+        requests: 1,
+        ring_capacity: 4,
+        seed: 9,
+        sanitize: false,
+        adversarial: false,
+    });
+    let n = f.input("slot_mapping").expect("slots").shape[0];
+    let mut p = f.prepare(&b).expect("upload");
+    let wait_fails =
+        |b: &GpuBackend<Stand>, p: &mut dsv4_kvcache::vectors::Prepared<'_, _>, times| {
+            for _ in 0..times {
+                p.launch(b).expect("launch");
+            }
+            b.driver().fail_sync.store(true, Ordering::SeqCst);
+            match b.synchronize() {
+                Err(Error::Driver { touched, .. }) => touched,
+                r => panic!("an injected wait failure: {r:?}"),
+            }
+        };
+    let one = wait_fails(&b, &mut p, 1);
+    let ring = TouchedRows {
+        op: "save_ring_rows",
+        tensor: "state_cache",
+        rows: Rows::Indexed {
+            index: "slot_mapping",
+            count: n,
+            values: IndexValues::Unread,
+        },
+    };
+    assert_eq!(one.rows, [ring]);
+    assert_eq!(one.more_calls, 0);
+    let many = wait_fails(&b, &mut p, 70);
+    assert_eq!(many.rows, vec![ring; 64]);
+    assert_eq!(many.more_calls, 6);
+    b.synchronize().expect("nothing pending");
 }
 
 #[test]

@@ -13,6 +13,7 @@
 //! | `missing-kernel` | `hipModuleGetFunction`     | `hipErrorNotFound`                 |
 //! | `launch`         | `hipModuleLaunchKernel`    | `hipErrorLaunchFailure`            |
 //! | `capture`        | `hipStreamEndCapture`      | `hipErrorStreamCaptureInvalidated` |
+//! | `sync`           | `hipStreamSynchronize`     | `hipErrorLaunchFailure` (after the wait) |
 //! | `arch`           | `hipGetDeviceProperties*`  | success, `gcnArchName` = `unknown` |
 //!
 //! `fault=none` disarms everything.
@@ -33,6 +34,8 @@ pub enum Fault {
     Launch,
     /// `hipStreamEndCapture` fails.
     Capture,
+    /// `hipStreamSynchronize` waits, then reports a failed kernel.
+    Sync,
     /// The device reports an architecture name that is no AMDGPU processor.
     Arch,
 }
@@ -45,10 +48,11 @@ impl Fault {
             "missing-kernel" => Fault::MissingKernel,
             "launch" => Fault::Launch,
             "capture" => Fault::Capture,
+            "sync" => Fault::Sync,
             "arch" => Fault::Arch,
             _ => {
                 return Err(format!(
-                "unknown fault {s:?} (alloc, module-load, missing-kernel, launch, capture, arch)"
+                "unknown fault {s:?} (alloc, module-load, missing-kernel, launch, capture, sync, arch)"
             ))
             }
         })

@@ -496,6 +496,13 @@ entry!(hipDeviceTotalMem(bytes: *mut usize, device: c_int) {
     }
 });
 
+entry!(hipMemGetInfo(free: *mut usize, total: *mut usize) {
+    if free.is_null() || total.is_null() {
+        return INVALID_VALUE;
+    }
+    ok(cu::cuMemGetInfo_v2(free, total))
+});
+
 entry!(hipGetDevicePropertiesR0600(props: *mut c_void, device: c_int) {
     if props.is_null() {
         return INVALID_VALUE;
@@ -589,7 +596,12 @@ entry!(hipStreamDestroy(stream: *mut c_void) {
 });
 
 entry!(hipStreamSynchronize(stream: *mut c_void) {
-    ok(cu::cuStreamSynchronize(stream as cu::CUstream))
+    let r = ok(cu::cuStreamSynchronize(stream as cu::CUstream));
+    if r == SUCCESS && faults::hit(Fault::Sync) {
+        // The work really finished; only the report is a kernel failure.
+        return injected(Fault::Sync, LAUNCH_FAILURE);
+    }
+    r
 });
 
 entry!(hipEventCreate(event: *mut *mut c_void) {

@@ -25,7 +25,10 @@ use crate::tensor::Storage;
 ///
 /// Launch methods do not allocate and do not wait for the device; results
 /// are visible to [`Backend::read`] (which waits) and to later launches on
-/// the same backend.
+/// the same backend. A device launch that fails after validation, or a wait
+/// that fails with launches pending, is an
+/// [`Error::Driver`](crate::Error::Driver) whose `touched` names the rows
+/// those calls may have written; every other row is as it was.
 pub trait Backend {
     /// Memory the backend computes on.
     type Buffer: Storage;

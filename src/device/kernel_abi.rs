@@ -15,14 +15,45 @@
 //! on 64-lane wavefronts alike.
 
 use crate::layout::RecordLayout;
-use crate::ops::{CompressPlan, FusedPlan, IndexPlan, InsertPlan, RingRowsPlan};
+use crate::ops::{CompressPlan, FusedPlan, IndexPlan, InsertPlan, RingRowsPlan, SkipCounts};
 
 /// Threads that handle one token.
 pub const GROUP_LANES: u32 = defines::KV_GROUP_LANES;
 /// The most threads per block any kernel is built for (its launch bounds).
 pub const BLOCK_THREADS: u32 = defines::KV_BLOCK_THREADS;
-/// Skip counters a kernel may increment: slot, position, index.
-pub const NUM_COUNTERS: usize = 3;
+/// Skip counters a kernel may increment: slot, position, index (the
+/// kernels' `KV_COUNT_*` indices, the last of which is `KV_COUNT_INDEX`).
+pub const NUM_COUNTERS: usize = defines::KV_COUNT_INDEX as usize + 1;
+
+/// A layout's code in the kernels (`KV_LAYOUT_*`).
+pub const fn layout_code(layout: RecordLayout) -> u32 {
+    match layout {
+        RecordLayout::V4 => defines::KV_LAYOUT_V4,
+        RecordLayout::Mxfp8 => defines::KV_LAYOUT_MXFP8,
+        RecordLayout::Nvfp4 => defines::KV_LAYOUT_NVFP4,
+        RecordLayout::Bf16Rows => defines::KV_LAYOUT_BF16,
+        RecordLayout::Fp8Rows => defines::KV_LAYOUT_FP8,
+    }
+}
+
+/// Reads the skip counters' bytes (`u32` each, native order, at their
+/// `KV_COUNT_*` index) as counts.
+pub fn skip_counts(bytes: &[u8; 4 * NUM_COUNTERS]) -> SkipCounts {
+    let at = |i: u32| {
+        let i = i as usize * 4;
+        u64::from(u32::from_ne_bytes([
+            bytes[i],
+            bytes[i + 1],
+            bytes[i + 2],
+            bytes[i + 3],
+        ]))
+    };
+    SkipCounts {
+        slot_out_of_range: at(defines::KV_COUNT_SLOT),
+        position_out_of_range: at(defines::KV_COUNT_POS),
+        index_out_of_range: at(defines::KV_COUNT_INDEX),
+    }
+}
 
 include!(concat!(env!("OUT_DIR"), "/kernel_abi_gen.rs"));
 
@@ -376,10 +407,10 @@ pub struct Geometry {
 
 /// Groups in a CR2 team: one block handles one item, each lane pooling a
 /// quarter of its 16 dims (the kernels' `KV_CR2_TEAM`).
-pub const CR2_TEAM_GROUPS: u32 = 4;
+pub const CR2_TEAM_GROUPS: u32 = defines::KV_CR2_TEAM;
 /// Groups in a CR2 pair, the mid-sized team (the kernels' `KV_CR2_PAIR`):
 /// a block of 64 threads, one AMD wavefront.
-pub const CR2_PAIR_GROUPS: u32 = 2;
+pub const CR2_PAIR_GROUPS: u32 = defines::KV_CR2_PAIR;
 
 /// One token's pooled values in a team's shared memory: 512 f32.
 pub const CR2_POOLED_BYTES: u32 = 512 * 4;
@@ -490,27 +521,70 @@ mod tests {
         assert_eq!(names.len(), Kernel::ALL.len(), "kernel names are unique");
     }
 
-    /// The value of `#define name value` in the kernel source.
-    fn kernel_define(name: &str) -> u64 {
-        const SOURCES: [&str; 2] = [
+    /// Every `#define KV_NAME number` of the kernel sources, `(name, value)`.
+    fn kernel_defines() -> Vec<(String, u64)> {
+        const SOURCES: [&str; 3] = [
             include_str!("../../kernels-hip/kv_abi.h"),
             include_str!("../../kernels-hip/kvcache.hip"),
+            include_str!("../../kernels-hip/kv_gather.h"),
         ];
-        let line = SOURCES
+        SOURCES
             .iter()
             .flat_map(|s| s.lines())
-            .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
-            .unwrap_or_else(|| panic!("the kernel source defines {name}"));
-        let v = line.split_whitespace().nth(2).expect("a value");
-        v.trim_end_matches('u').parse().expect("a number")
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next()? == "#define").then_some(())?;
+                let (name, v) = (w.next()?, w.next()?);
+                let v = v.trim_end_matches('u').parse().ok()?;
+                name.starts_with("KV_").then(|| (name.to_string(), v))
+            })
+            .collect()
+    }
+
+    /// The values of the generated constants whose names start with `prefix`.
+    fn defined(prefix: &str) -> Vec<u32> {
+        defines::ALL
+            .iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .map(|&(_, v)| v)
+            .collect()
+    }
+
+    #[test]
+    fn layout_codes_and_counters_are_the_kernels() {
+        let mut codes: Vec<u32> = RecordLayout::ALL.iter().map(|&l| layout_code(l)).collect();
+        codes.sort_unstable();
+        let mut defined_codes = defined("KV_LAYOUT_");
+        defined_codes.sort_unstable();
+        assert_eq!(codes, defined_codes, "one KV_LAYOUT_ code per layout");
+        let counters = defined("KV_COUNT_");
+        assert_eq!(counters, (0..NUM_COUNTERS as u32).collect::<Vec<_>>());
+        let mut b = [0u8; 4 * NUM_COUNTERS];
+        b[4 * defines::KV_COUNT_POS as usize] = 7;
+        b[4 * defines::KV_COUNT_INDEX as usize + 1] = 1;
+        let c = skip_counts(&b);
+        assert_eq!(
+            (
+                c.slot_out_of_range,
+                c.position_out_of_range,
+                c.index_out_of_range
+            ),
+            (0, 7, 256)
+        );
     }
 
     #[test]
     fn host_and_kernel_constants_agree() {
-        assert_eq!(kernel_define("KV_CR2_TEAM"), CR2_TEAM_GROUPS as u64);
-        assert_eq!(kernel_define("KV_CR2_PAIR"), CR2_PAIR_GROUPS as u64);
-        // The flags, lanes and threads are generated from kv_abi.h itself
-        // (`defines`); these two are the kernels' own.
+        // The host's constants are generated from kv_abi.h (`defines`); a
+        // kernel source that defines one of them again gives it the same value.
+        let all = kernel_defines();
+        for (name, value) in &all {
+            if let Some((_, v)) = defines::ALL.iter().find(|(n, _)| n == name) {
+                assert_eq!(u64::from(*v), *value, "{name}");
+            }
+        }
+        assert!(all.iter().any(|(n, _)| n == "KV_CR2_TEAM"));
+        assert_eq!(defines::KV_CR2_TEAM, 4);
     }
 
     #[test]

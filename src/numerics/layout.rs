@@ -104,17 +104,6 @@ impl RecordLayout {
     pub fn from_name(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|l| l.name() == s)
     }
-
-    /// Stable numeric id shared with the kernels (`KV_LAYOUT_*`).
-    pub fn id(self) -> u32 {
-        match self {
-            RecordLayout::V4 => 0,
-            RecordLayout::Mxfp8 => 1,
-            RecordLayout::Nvfp4 => 2,
-            RecordLayout::Bf16Rows => 3,
-            RecordLayout::Fp8Rows => 4,
-        }
-    }
 }
 
 /// Decodes one record back to 512 f32 values: the rotated vector (V4's

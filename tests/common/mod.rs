@@ -540,6 +540,22 @@ impl Case {
         self.slot_mapping.desc.numel()
     }
 
+    /// The first `N` entries of `slot_mapping`.
+    pub fn slots(&self) -> Vec<i64> {
+        let s = &self.slot_mapping;
+        let w = s.desc.dtype.size();
+        (0..self.n())
+            .map(|i| {
+                let b = &s.bytes[s.desc.offset + i * w..][..w];
+                if w == 8 {
+                    i64::from_le_bytes(b.try_into().expect("8 bytes"))
+                } else {
+                    i64::from(i32::from_le_bytes(b.try_into().expect("4 bytes")))
+                }
+            })
+            .collect()
+    }
+
     /// The same case with another sanitize setting.
     pub fn with_sanitize(mut self, on: bool) -> Self {
         self.kind.sanitize = on;

@@ -564,7 +564,7 @@ pub fn random_case(seed: u64, layout: RecordLayout, table: bool, n: usize, wild:
 /// in reverse slot order, the slots I64 (the slot form's own kernels) or
 /// I32 (the general ones); FP8 rows under `fp8_scale`.
 pub fn every_code_case(layout: RecordLayout, out_f32: bool, fp8_scale: f32, i64: bool) -> Case {
-    let mut rng = Rng::new(layout.id() as u64);
+    let mut rng = Rng::new(dsv4_kvcache::kernel_abi::layout_code(layout) as u64);
     let (blocks, bs) = (8, 64);
     let desc = cache_desc(layout, blocks, bs, 0, false);
     let cache = fill_cache(&mut rng, layout, &desc, Fill::Adversarial);

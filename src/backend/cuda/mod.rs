@@ -25,11 +25,12 @@
 //! Launches, buffers, graphs and timing are [`GpuBackend`]'s; the CR2 team
 //! kernels get their dynamic shared memory through `cuLaunchKernel`.
 
+use super::gpu::driver::Params;
 use super::gpu::{DeviceFacts, Driver, GpuBackend};
 use super::raw::RawStream;
 use crate::detect::{sanitize_for_cuda, SanitizePolicy};
 use crate::error::{Error, Result};
-use crate::kernel_abi::Kernel;
+use crate::kernel_abi::{Geometry, Kernel};
 use crate::kernels;
 use cudarc::driver::{
     result as cu, sys, CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr,
@@ -75,6 +76,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemAllocAsync",
     "cuMemFreeAsync",
     "cuMemsetD8Async",
+    "cuMemGetInfo_v2",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
@@ -114,11 +116,7 @@ fn describe(e: DriverError) -> String {
 
 /// Maps a driver error of `call` to [`Error::Driver`].
 fn drv(call: &'static str) -> impl Fn(DriverError) -> Error {
-    move |e| Error::Driver {
-        backend: BACKEND,
-        call,
-        message: describe(e),
-    }
+    move |e| Error::driver(BACKEND, call, describe(e))
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
@@ -398,6 +396,7 @@ unsafe impl Driver for CudaDriver {
     type Memory = CudaSlice<u8>;
     type Event = CudaEvent;
     type Graph = CudaGraph;
+    type Stream = Arc<CudaStream>;
 
     fn facts(&self) -> &DeviceFacts {
         &self.facts
@@ -418,23 +417,32 @@ unsafe impl Driver for CudaDriver {
         // SAFETY: the module is loaded.
         unsafe { cu::module::get_function(self.module.raw, c) }
             .map(CudaFunction)
-            .map_err(|e| Error::Driver {
-                backend: BACKEND,
-                call: "cuModuleGetFunction",
-                message: format!(
-                    "kernel {name} is not in the embedded fatbin ({}); rebuild with the current kernels-hip sources",
-                    describe(e)
-                ),
+            .map_err(|e| {
+                Error::driver(
+                    BACKEND,
+                    "cuModuleGetFunction",
+                    format!(
+                        "kernel {name} is not in the embedded fatbin ({}); rebuild with the current kernels-hip sources",
+                        describe(e)
+                    ),
+                )
             })
     }
 
-    fn alloc(&self, len: usize) -> Result<(CudaSlice<u8>, u64)> {
+    fn alloc(&self, len: usize, stream: Option<&Arc<CudaStream>>) -> Result<(CudaSlice<u8>, u64)> {
+        let stream = stream.unwrap_or(&self.stream);
         // A zero-byte allocation is not a valid driver request: allocate one.
         // SAFETY: the bytes are uninitialized until written; callers write
         // them (or the buffer is read back as whatever the device holds).
-        let slice = unsafe { self.stream.alloc::<u8>(len.max(1)) }.map_err(drv("cuMemAlloc"))?;
-        let ptr = slice.device_ptr(&self.stream).0;
+        let slice = unsafe { stream.alloc::<u8>(len.max(1)) }.map_err(drv("cuMemAlloc"))?;
+        let ptr = slice.device_ptr(stream).0;
         Ok((slice, ptr))
+    }
+
+    fn create_stream(&self) -> Result<(Arc<CudaStream>, RawStream)> {
+        let s = self.ctx.new_stream().map_err(drv("cuStreamCreate"))?;
+        let raw = RawStream(s.cu_stream() as usize);
+        Ok((s, raw))
     }
 
     unsafe fn memset(&self, dst: u64, value: u8, len: usize, stream: RawStream) -> Result<()> {
@@ -452,15 +460,14 @@ unsafe impl Driver for CudaDriver {
         cu::memcpy_dtoh_async(dst, src, cu_stream(stream)).map_err(drv("cuMemcpyDtoHAsync"))
     }
 
-    unsafe fn copy_on_device(
-        &self,
-        dst: u64,
-        src: u64,
-        len: usize,
-        stream: RawStream,
-    ) -> Result<()> {
+    unsafe fn copy_on_device(&self, dst: u64, src: u64, n: usize, stream: RawStream) -> Result<()> {
         self.bind()?;
-        cu::memcpy_dtod_async(dst, src, len, cu_stream(stream)).map_err(drv("cuMemcpyDtoDAsync"))
+        cu::memcpy_dtod_async(dst, src, n, cu_stream(stream)).map_err(drv("cuMemcpyDtoDAsync"))
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.bind().ok()?;
+        cu::mem_get_info().ok()
     }
 
     fn synchronize(&self, stream: RawStream) -> Result<()> {
@@ -474,21 +481,19 @@ unsafe impl Driver for CudaDriver {
 
     unsafe fn launch(
         &self,
-        function: CudaFunction,
-        grid: u32,
-        block: u32,
-        shared_bytes: u32,
-        stream: RawStream,
-        params: *mut c_void,
+        f: CudaFunction,
+        g: &Geometry,
+        s: RawStream,
+        params: Params,
     ) -> Result<()> {
         self.bind()?;
         let mut args = [params];
         cu::launch_kernel(
-            function.0,
-            (grid, 1, 1),
-            (block, 1, 1),
-            shared_bytes,
-            cu_stream(stream),
+            f.0,
+            (g.grid, 1, 1),
+            (g.block_threads, 1, 1),
+            g.shared_bytes,
+            cu_stream(s),
             &mut args,
         )
         .map_err(drv("cuLaunchKernel"))
@@ -527,11 +532,12 @@ unsafe impl Driver for CudaDriver {
     }
 
     fn elapsed_ms(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
-        let elapsed = self.elapsed.ok_or(Error::Driver {
-            backend: BACKEND,
-            call: "cuEventElapsedTime",
-            message: "the driver library has neither cuEventElapsedTime_v2 nor cuEventElapsedTime"
-                .into(),
+        let elapsed = self.elapsed.ok_or_else(|| {
+            Error::driver(
+                BACKEND,
+                "cuEventElapsedTime",
+                "the driver library has neither cuEventElapsedTime_v2 nor cuEventElapsedTime",
+            )
         })?;
         let mut ms = 0.0f32;
         // SAFETY: both events are live events of this context.
@@ -541,14 +547,6 @@ unsafe impl Driver for CudaDriver {
         Ok(ms)
     }
 }
-
-// The backend and its buffers can be shared across threads (the runtime
-// serializes work on the one stream).
-const _: () = {
-    const fn send_sync<T: Send + Sync>() {}
-    send_sync::<GpuBackend<CudaDriver>>();
-    send_sync::<super::gpu::DeviceBuffer<CudaDriver>>();
-};
 
 impl GpuBackend<CudaDriver> {
     /// The backend on device `ordinal`: the device's primary context, a new

@@ -8,14 +8,17 @@
 //! embedded kernels loaded as one module, and one stream of its own, which
 //! every safe launch, copy, capture and event of the backend uses. Calls
 //! that take a [`RawStream`] also run on a caller's stream (the `*_raw`
-//! entry points). Every method that can fail returns the crate's
+//! entry points) or on one the driver made ([`Driver::create_stream`]). Every method that can fail returns the crate's
 //! [`Error`](crate::Error), naming the runtime call.
 
 use super::super::raw::RawStream;
 use crate::detect::SanitizePolicy;
 use crate::error::Result;
-use crate::kernel_abi::Kernel;
+use crate::kernel_abi::{Geometry, Kernel};
 use std::ffi::c_void;
+
+/// A pointer to a kernel's parameter block.
+pub type Params = *mut c_void;
 
 /// What a device says about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +57,9 @@ pub unsafe trait Driver: Send + Sync + Sized + 'static {
     type Event;
     /// An instantiated graph of captured work, destroyed when dropped.
     type Graph;
+    /// A stream made by [`Driver::create_stream`], destroyed when dropped
+    /// (work already queued on it still runs).
+    type Stream: Send + Sync;
 
     /// The device's facts.
     fn facts(&self) -> &DeviceFacts;
@@ -67,8 +73,14 @@ pub unsafe trait Driver: Send + Sync + Sized + 'static {
     /// The loaded `kernel` (looked up once per backend, when it is made).
     fn function(&self, kernel: Kernel) -> Result<Self::Function>;
 
-    /// `len` bytes (at least one is allocated) and their device address.
-    fn alloc(&self, len: usize) -> Result<(Self::Memory, u64)>;
+    /// `len` bytes (at least one is allocated) and their device address,
+    /// ordered on `stream` (the driver's own when `None`) where the runtime
+    /// allocates stream-ordered, so that they are freed in that order too.
+    fn alloc(&self, len: usize, stream: Option<&Self::Stream>) -> Result<(Self::Memory, u64)>;
+
+    /// A new stream of the device, not ordered against the driver's own
+    /// stream or the default stream, and its handle.
+    fn create_stream(&self) -> Result<(Self::Stream, RawStream)>;
 
     /// Sets `len` bytes at `dst` to `value` on `stream` (no wait).
     ///
@@ -91,39 +103,36 @@ pub unsafe trait Driver: Send + Sync + Sized + 'static {
     /// before the stream has been synchronized.
     unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: RawStream) -> Result<()>;
 
-    /// Copies `len` bytes from `src` to `dst` on the device, on `stream`.
+    /// Copies `n` bytes from `src` to `dst` on the device, on `stream`.
     ///
     /// # Safety
-    /// Both hold `len` bytes of this device until the copy has run.
-    unsafe fn copy_on_device(
-        &self,
-        dst: u64,
-        src: u64,
-        len: usize,
-        stream: RawStream,
-    ) -> Result<()>;
+    /// Both hold `n` bytes of this device until the copy has run.
+    unsafe fn copy_on_device(&self, dst: u64, src: u64, n: usize, stream: RawStream) -> Result<()>;
+
+    /// Free and total bytes of the device's memory, as the runtime reports
+    /// them (for the whole device, every process included), where it can.
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        None
+    }
 
     /// Waits for the work on `stream`.
     fn synchronize(&self, stream: RawStream) -> Result<()>;
 
-    /// Launches `function` on a grid of `grid` blocks of `block` threads
-    /// with `shared_bytes` of dynamic shared memory, `params` pointing at
-    /// its one by-value argument, on `stream`. Must not allocate, copy or
+    /// Launches `f` on `g.grid` blocks of `g.block_threads` threads with
+    /// `g.shared_bytes` of dynamic shared memory, `params` pointing at its
+    /// one by-value argument, on stream `s`. Must not allocate, copy or
     /// wait, so that it can be captured.
     ///
     /// # Safety
-    /// `params` points at the parameter block `function` expects, whose
-    /// device addresses are valid for the kernel's accesses until it has
-    /// run; `stream` is a stream of this device (or the default stream).
-    #[allow(clippy::too_many_arguments)]
+    /// `params` points at the parameter block `f` expects, whose device
+    /// addresses are valid for the kernel's accesses until it has run; `s`
+    /// is a stream of this device (or the default stream).
     unsafe fn launch(
         &self,
-        function: Self::Function,
-        grid: u32,
-        block: u32,
-        shared_bytes: u32,
-        stream: RawStream,
-        params: *mut c_void,
+        f: Self::Function,
+        g: &Geometry,
+        s: RawStream,
+        params: Params,
     ) -> Result<()>;
 
     /// Starts capturing the driver's stream into a graph (thread-local

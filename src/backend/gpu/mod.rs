@@ -25,15 +25,27 @@
 //! its stream); passing it to another backend is an [`Error::Value`] naming
 //! the argument. Frameworks that own their memory use the `*_raw` entry
 //! points over [`RawDevice`] pointers on their own [`RawStream`].
+//!
+//! # Streams
+//!
+//! The safe API runs on the backend's own stream, or on a [`Stream`] the
+//! backend made ([`GpuBackend::create_stream`]) through the view
+//! [`GpuBackend::on_stream`], which is a [`Backend`] too: threads sharing a
+//! backend each launch on a stream of their own. A [`Stream`]'s handle
+//! ([`Stream::raw`]) also serves the `*_raw` entry points.
 
 pub(crate) mod bind;
 pub mod driver;
+mod streams;
 mod timing;
+mod touched;
 
 pub use driver::{DeviceFacts, Driver};
+pub use streams::{OnStream, Stream};
 pub use timing::{CapturedGraph, SmCopyRate};
 
 use self::bind::DevAddr;
+use self::touched::{CallRows, PendingCalls};
 use super::raw::{RawDevice, RawStream};
 use super::Backend;
 use crate::detect::SanitizePolicy;
@@ -107,6 +119,37 @@ impl<D: Driver> DevAddr for DeviceBuffer<D> {
     }
 }
 
+/// One `unsafe` entry point of the raw API (its docs given): `$plan`
+/// validates the arguments, `raw_go` checks the addresses and the counters,
+/// and `$on` launches on the caller's stream (with the call's `sanitize`
+/// where the kernel takes one); `$n` reads the plan's token count.
+macro_rules! raw_op {
+    ($(#[$doc:meta])* $name:ident($args:ident, $plan:ident, $on:ident, |$p:ident| $n:expr $(, $sanitize:ident)?);) => {
+        $(#[$doc])*
+        pub unsafe fn $name(
+            &self,
+            args: &$args<'_, RawDevice>,
+            stream: RawStream,
+            raw_counters: Option<u64>,
+            $($sanitize: bool,)?
+        ) -> Result<()> {
+            let ($p, t) = ($plan(args)?, args.tensors());
+            let launch = |c| self.$on(&$p, &t, c, stream $(, $sanitize)?);
+            self.raw_go($n, |f| t.each(f), raw_counters, launch)
+        }
+    };
+}
+
+/// Proves for every driver that the backend, its buffers and its streams
+/// can be shared across threads (the runtime orders work on each stream).
+#[allow(dead_code)]
+const fn shareable<D: Driver>() {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<GpuBackend<D>>();
+    send_sync::<DeviceBuffer<D>>();
+    send_sync::<Stream<D>>();
+}
+
 /// Distinguishes backends, for buffer ownership.
 static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -121,6 +164,8 @@ pub struct GpuBackend<D: Driver> {
     sanitize_policy: SanitizePolicy,
     sanitize: bool,
     policy: LaunchPolicy,
+    /// The safe API's launches not yet waited for.
+    pending: std::sync::Mutex<PendingCalls>,
     drv: D,
 }
 
@@ -159,13 +204,14 @@ impl<D: Driver> GpuBackend<D> {
                 backend,
                 call,
                 message,
+                ..
             } => Error::Unavailable {
                 backend,
                 reason: format!("{call} failed for the skip counters: {message}"),
             },
             other => other,
         };
-        let (counters, counters_ptr) = drv.alloc(4 * NUM_COUNTERS).map_err(setup)?;
+        let (counters, counters_ptr) = drv.alloc(4 * NUM_COUNTERS, None).map_err(setup)?;
         // SAFETY: the allocation holds 4 * NUM_COUNTERS bytes.
         unsafe { drv.memset(counters_ptr, 0, 4 * NUM_COUNTERS, drv.stream()) }.map_err(setup)?;
         drv.synchronize(drv.stream()).map_err(setup)?;
@@ -177,6 +223,7 @@ impl<D: Driver> GpuBackend<D> {
             sanitize_policy: sanitize,
             sanitize: drv.sanitize_for(sanitize),
             policy: launch,
+            pending: touched::new_log(),
             drv,
         })
     }
@@ -189,6 +236,12 @@ impl<D: Driver> GpuBackend<D> {
     /// What the device says about itself.
     pub fn facts(&self) -> &DeviceFacts {
         self.drv.facts()
+    }
+
+    /// Free and total bytes of the device's memory (the whole device's, as
+    /// its runtime reports them), where the runtime says.
+    pub fn memory_info(&self) -> Option<(usize, usize)> {
+        self.drv.memory_info()
     }
 
     /// The device's name, e.g. `NVIDIA H200`.
@@ -232,10 +285,10 @@ impl<D: Driver> GpuBackend<D> {
 
     /// A zeroed buffer of `len` bytes (waits for the memset).
     pub fn alloc_zeroed(&self, len: usize) -> Result<DeviceBuffer<D>> {
-        let b = self.alloc(len)?;
+        let b = self.alloc(len, None)?;
         // SAFETY: `b` holds at least `len` bytes.
         unsafe { self.drv.memset(b.ptr, 0, len, self.stream())? };
-        self.drv.synchronize(self.stream())?;
+        self.synchronize()?;
         Ok(b)
     }
 
@@ -263,8 +316,8 @@ impl<D: Driver> GpuBackend<D> {
         }
     }
 
-    fn alloc(&self, len: usize) -> Result<DeviceBuffer<D>> {
-        let (mem, ptr) = self.drv.alloc(len)?;
+    fn alloc(&self, len: usize, stream: Option<&D::Stream>) -> Result<DeviceBuffer<D>> {
+        let (mem, ptr) = self.drv.alloc(len, stream)?;
         Ok(DeviceBuffer {
             _mem: mem,
             ptr,
@@ -289,46 +342,36 @@ impl<D: Driver> GpuBackend<D> {
         }
     }
 
-    /// The safe API's checks after the plan: every buffer of the tensor
-    /// table is this backend's ([`GpuBackend::own`]); then whether there is
-    /// anything to launch (`n > 0`).
-    fn owned<'b>(
-        &self,
-        n: usize,
-        each: impl FnOnce(&mut dyn FnMut(&Bound<'b, DeviceBuffer<D>>) -> Result<()>) -> Result<()>,
-    ) -> Result<bool> {
-        each(&mut |b| b.buf.map_or(Ok(()), |buf| self.own(b.arg, buf)))?;
-        Ok(n > 0)
-    }
-
     fn function(&self, kernel: Kernel) -> D::Function {
         // Every kernel was looked up when the backend was made.
         self.functions[kernel.index()]
     }
 
-    /// Launches `l` (kernel and shape) with `params` by value on `stream`.
+    /// Launches `l` (kernel and shape) with `params` by value on `stream`;
+    /// `call` (what it writes) on success, else the error naming the rows
+    /// it may have written.
     ///
     /// # Safety
     /// `params` is the parameter block `l.kernel` expects, and every address
-    /// in it is valid device memory of this device for the extents the plan
-    /// it came from describes, until the kernel has run.
+    /// in it (and in `call`) is valid device memory of this device for the
+    /// extents the plan it came from describes, until the kernel has run.
     unsafe fn launch<P: KernelParams>(
         &self,
         l: Launch,
         params: &P,
         stream: RawStream,
-    ) -> Result<()> {
+        call: CallRows,
+    ) -> Result<CallRows> {
         let f = self.function(l.kernel);
         let g = l.geometry;
         let mut block = params.with_geometry(&g);
-        self.drv.launch(
-            f,
-            g.grid,
-            g.block_threads,
-            g.shared_bytes,
-            stream,
-            &mut block as *mut P as *mut c_void,
-        )
+        match self
+            .drv
+            .launch(f, &g, stream, &mut block as *mut P as *mut c_void)
+        {
+            Ok(()) => Ok(call),
+            Err(e) => Err(self.launch_failed(e, call, stream)),
+        }
     }
 
     /// # Safety
@@ -340,9 +383,10 @@ impl<D: Driver> GpuBackend<D> {
         t: &CompressTensors<'_, S>,
         counters: u64,
         stream: RawStream,
-    ) -> Result<()> {
+    ) -> Result<CallRows> {
         let params = kernel_abi::compress_params(p, &bind::compress_ptrs(t, counters));
-        self.launch(self.policy.compress_launch(p), &params, stream)
+        let call = CallRows::compress(p, t);
+        self.launch(self.policy.compress_launch(p), &params, stream, call)
     }
 
     /// # Safety
@@ -354,9 +398,10 @@ impl<D: Driver> GpuBackend<D> {
         counters: u64,
         stream: RawStream,
         sanitize: bool,
-    ) -> Result<()> {
+    ) -> Result<CallRows> {
         let params = kernel_abi::insert_params(p, &bind::insert_ptrs(t, counters), sanitize);
-        self.launch(self.policy.insert_launch(p), &params, stream)
+        let call = CallRows::insert(p, t);
+        self.launch(self.policy.insert_launch(p), &params, stream, call)
     }
 
     /// # Safety
@@ -367,10 +412,11 @@ impl<D: Driver> GpuBackend<D> {
         t: &RingTensors<'_, S>,
         counters: u64,
         stream: RawStream,
-    ) -> Result<()> {
+    ) -> Result<CallRows> {
         let (rows, slots, ring) = bind::ring_ptrs(t);
         let params = kernel_abi::ring_rows_params(p, rows, slots, ring, counters);
-        self.launch(self.policy.ring_rows_launch(p), &params, stream)
+        let call = CallRows::ring(p, t);
+        self.launch(self.policy.ring_rows_launch(p), &params, stream, call)
     }
 
     /// # Safety
@@ -382,14 +428,15 @@ impl<D: Driver> GpuBackend<D> {
         counters: u64,
         stream: RawStream,
         sanitize: bool,
-    ) -> Result<()> {
+    ) -> Result<CallRows> {
         let params = kernel_abi::fused_params(
             p,
             &bind::compress_ptrs(&t.compress, counters),
             &bind::fused_insert_ptrs(t, counters),
             sanitize,
         );
-        self.launch(self.policy.fused_launch(p), &params, stream)
+        let call = CallRows::fused(p, t);
+        self.launch(self.policy.fused_launch(p), &params, stream, call)
     }
 
     /// # Safety
@@ -400,172 +447,124 @@ impl<D: Driver> GpuBackend<D> {
         t: &GatherTensors<'_, S>,
         counters: u64,
         stream: RawStream,
-    ) -> Result<()> {
+    ) -> Result<CallRows> {
         let Some(l) = gather_launch(&self.policy, p.cache.layout, p.n, p.slot_kernels()) else {
-            return Ok(());
+            return Ok(CallRows::NONE);
         };
         let params = gather_params(p, &bind::gather_ptrs(t, counters), &l);
         let launch = Launch {
             kernel: gather_launch_kernel(p, &l),
             geometry: l.geometry,
         };
-        self.launch(launch, &params, stream)
+        self.launch(launch, &params, stream, CallRows::gather(p))
     }
 
     // ---- the raw API -------------------------------------------------------
 
-    /// `rope_quant_insert` over caller-owned device memory on the caller's
-    /// stream. Skipped tokens are counted at `raw_counters` (3 `u32`: slot,
-    /// position, index) or, when `None`, in this backend's counters.
-    /// `sanitize` (NaN sanitizing, `semantics.md`) is this call's own, as in
-    /// [`crate::CpuBackend::rope_quant_insert_host`]: the backend's setting
-    /// ([`Backend::sanitize`]) applies to the safe API only, so threads
-    /// sharing a backend never see each other's choice.
-    ///
-    /// Checks, in this order on every backend: the arguments as in the safe
-    /// API (dtypes, shapes, strides, offsets and, against each
-    /// [`RawDevice::len`], extents); each address non-null and aligned as
-    /// its view is read (16 bytes for rows and caches, the element size for
-    /// index tensors and the cos/sin table, 4 for the FP8 scale), in the
-    /// order the arguments are declared; then `raw_counters`. A call with no
-    /// token (`N == 0`) returns after the first step, as the seed does: it
-    /// touches no memory, and a framework's empty tensors may have null
-    /// addresses. Nothing is allocated, copied or waited for, so the call
-    /// can be captured.
-    ///
-    /// # Safety
-    /// * every `ptr` is a device address of this backend's device (in its
-    ///   context) of an allocation at least `len` bytes long (or long enough
-    ///   for its view, when `len` is `usize::MAX`), that stays allocated
-    ///   until the kernel has finished (or, when captured, for as long as
-    ///   the graph may be replayed);
-    /// * `stream` is a valid stream of that device (or
-    ///   [`RawStream::DEFAULT`]), and the caller orders the kernel against
-    ///   other work touching the same memory: the launch is ordered on
-    ///   `stream` only;
-    /// * written tensors (`kv_cache`) do not overlap any tensor the kernel reads;
-    /// * `raw_counters`, when given, points to 3 writable `u32` of that
-    ///   device; when `None`, the caller synchronizes `stream` before
-    ///   [`Backend::take_skip_counts`] (which waits for the backend's stream
-    ///   only) and does not launch concurrently with it.
-    pub unsafe fn rope_quant_insert_raw(
-        &self,
-        args: &InsertArgs<'_, RawDevice>,
-        stream: RawStream,
-        raw_counters: Option<u64>,
-        sanitize: bool,
-    ) -> Result<()> {
-        let p = plan_insert(args)?;
-        let t = args.tensors();
-        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
-            return Ok(());
-        };
-        self.insert_on(&p, &t, c, stream, sanitize)
+    raw_op! {
+        /// `rope_quant_insert` over caller-owned device memory on the caller's
+        /// stream. Skipped tokens are counted at `raw_counters` (3 `u32`: slot,
+        /// position, index) or, when `None`, in this backend's counters.
+        /// `sanitize` (NaN sanitizing, `semantics.md`) is this call's own, as in
+        /// [`crate::CpuBackend::rope_quant_insert_host`]: the backend's setting
+        /// ([`Backend::sanitize`]) applies to the safe API only, so threads
+        /// sharing a backend never see each other's choice.
+        ///
+        /// Checks, in this order on every backend: the arguments as in the safe
+        /// API (dtypes, shapes, strides, offsets and, against each
+        /// [`RawDevice::len`], extents); each address non-null and aligned as
+        /// its view is read (16 bytes for rows and caches, the element size for
+        /// index tensors and the cos/sin table, 4 for the FP8 scale), in the
+        /// order the arguments are declared; then `raw_counters`. A call with no
+        /// token (`N == 0`) returns after the first step, as the seed does: it
+        /// touches no memory, and a framework's empty tensors may have null
+        /// addresses. Nothing is allocated, copied or waited for, so the call
+        /// can be captured. A launch that fails after the checks is an
+        /// [`Error::Driver`] whose `touched` names the rows the call may have
+        /// written, its index values read back where the device still answers.
+        ///
+        /// # Safety
+        /// * every `ptr` is a device address of this backend's device (in its
+        ///   context) of an allocation at least `len` bytes long (or long enough
+        ///   for its view, when `len` is `usize::MAX`), that stays allocated
+        ///   until the kernel has finished (or, when captured, for as long as
+        ///   the graph may be replayed);
+        /// * `stream` is a valid stream of that device (or
+        ///   [`RawStream::DEFAULT`]), and the caller orders the kernel against
+        ///   other work touching the same memory: the launch is ordered on
+        ///   `stream` only;
+        /// * written tensors (`kv_cache`) do not overlap any tensor the kernel reads;
+        /// * `raw_counters`, when given, points to 3 writable `u32` of that
+        ///   device; when `None`, the caller synchronizes `stream` before
+        ///   [`Backend::take_skip_counts`] (which waits for the backend's stream
+        ///   only) and does not launch concurrently with it.
+        rope_quant_insert_raw(InsertArgs, plan_insert, insert_on, |p| p.n, sanitize);
     }
 
-    /// `fused_save_compress_norm` over caller-owned device memory on the
-    /// caller's stream; see [`GpuBackend::rope_quant_insert_raw`].
-    ///
-    /// # Safety
-    /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensors are
-    /// `latent_out` and (CR2) `state_cache`.
-    pub unsafe fn fused_save_compress_norm_raw(
-        &self,
-        args: &CompressArgs<'_, RawDevice>,
-        stream: RawStream,
-        raw_counters: Option<u64>,
-    ) -> Result<()> {
-        let p = plan_compress(args)?;
-        let t = args.tensors();
-        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
-            return Ok(());
-        };
-        self.compress_on(&p, &t, c, stream)
+    raw_op! {
+        /// `fused_save_compress_norm` over caller-owned device memory on the
+        /// caller's stream; see [`GpuBackend::rope_quant_insert_raw`].
+        ///
+        /// # Safety
+        /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensors are
+        /// `latent_out` and (CR2) `state_cache`.
+        fused_save_compress_norm_raw(CompressArgs, plan_compress, compress_on, |p| p.n);
     }
 
-    /// `save_ring_rows` over caller-owned device memory on the caller's
-    /// stream; see [`GpuBackend::rope_quant_insert_raw`].
-    ///
-    /// # Safety
-    /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensor is
-    /// `state_cache`.
-    pub unsafe fn save_ring_rows_raw(
-        &self,
-        args: &RingArgs<'_, RawDevice>,
-        stream: RawStream,
-        raw_counters: Option<u64>,
-    ) -> Result<()> {
-        let p = plan_ring_rows(args)?;
-        let t = args.tensors();
-        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
-            return Ok(());
-        };
-        self.ring_on(&p, &t, c, stream)
+    raw_op! {
+        /// `save_ring_rows` over caller-owned device memory on the caller's
+        /// stream; see [`GpuBackend::rope_quant_insert_raw`].
+        ///
+        /// # Safety
+        /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensor is
+        /// `state_cache`.
+        save_ring_rows_raw(RingArgs, plan_ring_rows, ring_on, |p| p.n);
     }
 
-    /// The fused compress + insert over caller-owned device memory on the
-    /// caller's stream; see [`GpuBackend::rope_quant_insert_raw`].
-    ///
-    /// # Safety
-    /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensors are
-    /// `latent_out` (unless skipped), (CR2) `state_cache` and `kv_cache`.
-    pub unsafe fn fused_compress_insert_raw(
-        &self,
-        args: &FusedArgs<'_, RawDevice>,
-        stream: RawStream,
-        raw_counters: Option<u64>,
-        sanitize: bool,
-    ) -> Result<()> {
-        let p = plan_fused(args)?;
-        let t = args.tensors();
-        let Some(c) = self.raw_checks(p.compress.n, |f| t.each(f), raw_counters)? else {
-            return Ok(());
-        };
-        self.fused_on(&p, &t, c, stream, sanitize)
+    raw_op! {
+        /// The fused compress + insert over caller-owned device memory on the
+        /// caller's stream; see [`GpuBackend::rope_quant_insert_raw`].
+        ///
+        /// # Safety
+        /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensors are
+        /// `latent_out` (unless skipped), (CR2) `state_cache` and `kv_cache`.
+        fused_compress_insert_raw(FusedArgs, plan_fused, fused_on, |p| p.compress.n, sanitize);
     }
 
-    /// `gather_dequant` over caller-owned device memory on the caller's
-    /// stream; see [`GpuBackend::rope_quant_insert_raw`]. The checks come in
-    /// the same order: the plan, then each address in argument order
-    /// (`kv_cache` and `out` 16-byte aligned, the index tensors to their
-    /// element size, `fp8_scale` to 4), then `raw_counters`.
-    ///
-    /// # Safety
-    /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensor is
-    /// `out`, which must not overlap the cache or the index tensors.
-    pub unsafe fn gather_dequant_raw(
-        &self,
-        args: &GatherArgs<'_, RawDevice>,
-        stream: RawStream,
-        raw_counters: Option<u64>,
-    ) -> Result<()> {
-        let p = plan_gather(args)?;
-        let t = args.tensors();
-        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
-            return Ok(());
-        };
-        self.gather_on(&p, &t, c, stream)
+    raw_op! {
+        /// `gather_dequant` over caller-owned device memory on the caller's
+        /// stream; see [`GpuBackend::rope_quant_insert_raw`]. The checks come in
+        /// the same order: the plan, then each address in argument order
+        /// (`kv_cache` and `out` 16-byte aligned, the index tensors to their
+        /// element size, `fp8_scale` to 4), then `raw_counters`.
+        ///
+        /// # Safety
+        /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensor is
+        /// `out`, which must not overlap the cache or the index tensors.
+        gather_dequant_raw(GatherArgs, plan_gather, gather_on, |p| p.n);
     }
 
-    /// The raw API's checks after the plan, the same for every operation:
-    /// `None` for a call with no token (nothing is read or written: a
-    /// framework's empty tensors may have null addresses, and the seed
-    /// returns there too); else each address non-null and aligned, in table
-    /// order, then the counters the launch uses.
-    fn raw_checks<'b>(
+    /// The raw API after the plan, the same for every operation: nothing
+    /// for a call with no token (nothing is read or written: a framework's
+    /// empty tensors may have null addresses, and the seed returns there
+    /// too); else each address non-null and aligned, in table order, then
+    /// the counters, which `launch` gets.
+    fn raw_go<'b>(
         &self,
         n: usize,
         each: impl FnOnce(&mut dyn FnMut(&Bound<'b, RawDevice>) -> Result<()>) -> Result<()>,
         raw_counters: Option<u64>,
-    ) -> Result<Option<u64>> {
+        launch: impl FnOnce(u64) -> Result<CallRows>,
+    ) -> Result<()> {
         if n == 0 {
-            return Ok(None);
+            return Ok(());
         }
         each(&mut |b| bind::check_raw(b))?;
-        match raw_counters {
-            None => Ok(Some(self.counters_ptr)),
-            Some(p) => bind::aligned("raw_counters", p, 0, 4).map(|()| Some(p)),
-        }
+        let c = match raw_counters {
+            None => self.counters_ptr,
+            Some(p) => bind::aligned("raw_counters", p, 0, 4).map(|()| p)?,
+        };
+        launch(c).map(drop)
     }
 }
 
@@ -593,121 +592,44 @@ impl<D: Driver> Backend for GpuBackend<D> {
         self.sanitize = on;
     }
 
+    // The rest is the safe API on the backend's own stream.
     fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer<D>> {
-        let mut b = self.alloc(bytes.len())?;
-        self.write(&mut b, bytes)?;
-        Ok(b)
+        self.own_stream().upload(bytes)
     }
 
     fn write(&self, buf: &mut DeviceBuffer<D>, bytes: &[u8]) -> Result<()> {
-        self.own("write", buf)?;
-        if bytes.len() > buf.len {
-            return Err(Error::OutOfBounds {
-                arg: "write",
-                needed: bytes.len() as u64,
-                available: buf.len as u64,
-            });
-        }
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: `buf` holds at least `bytes.len()` bytes; `bytes` stays
-        // borrowed until the stream has been waited for.
-        unsafe { self.drv.copy_to_device(buf.ptr, bytes, self.stream())? };
-        self.drv.synchronize(self.stream())
+        self.own_stream().write(buf, bytes)
     }
 
     fn read(&self, buf: &DeviceBuffer<D>) -> Result<Vec<u8>> {
-        self.own("read", buf)?;
-        let mut out = vec![0u8; buf.len];
-        if !out.is_empty() {
-            // SAFETY: `buf` holds `out.len()` bytes; the stream is waited for
-            // before `out` is used.
-            unsafe { self.drv.copy_to_host(&mut out, buf.ptr, self.stream())? };
-        }
-        self.synchronize()?;
-        Ok(out)
+        self.own_stream().read(buf)
     }
 
     fn fused_save_compress_norm(&self, a: CompressArgs<'_, DeviceBuffer<D>>) -> Result<()> {
-        let p = plan_compress(&a)?;
-        let t = a.tensors();
-        if !self.owned(p.n, |f| t.each(f))? {
-            return Ok(());
-        }
-        // SAFETY: the plan checked every view against its buffer's length,
-        // and the buffers are this backend's, borrowed for the call.
-        unsafe { self.compress_on(&p, &t, self.counters_ptr, self.stream()) }
+        self.own_stream().fused_save_compress_norm(a)
     }
 
     fn rope_quant_insert(&self, a: InsertArgs<'_, DeviceBuffer<D>>) -> Result<()> {
-        let p = plan_insert(&a)?;
-        let t = a.tensors();
-        if !self.owned(p.n, |f| t.each(f))? {
-            return Ok(());
-        }
-        // SAFETY: as in `fused_save_compress_norm`.
-        unsafe { self.insert_on(&p, &t, self.counters_ptr, self.stream(), self.sanitize) }
+        self.own_stream().rope_quant_insert(a)
     }
 
     fn save_ring_rows(&self, a: RingArgs<'_, DeviceBuffer<D>>) -> Result<()> {
-        let p = plan_ring_rows(&a)?;
-        let t = a.tensors();
-        if !self.owned(p.n, |f| t.each(f))? {
-            return Ok(());
-        }
-        // SAFETY: as in `fused_save_compress_norm`.
-        unsafe { self.ring_on(&p, &t, self.counters_ptr, self.stream()) }
+        self.own_stream().save_ring_rows(a)
     }
 
     fn fused_compress_insert(&self, a: FusedArgs<'_, DeviceBuffer<D>>) -> Result<()> {
-        let p = plan_fused(&a)?;
-        let t = a.tensors();
-        if !self.owned(p.compress.n, |f| t.each(f))? {
-            return Ok(());
-        }
-        // SAFETY: as in `fused_save_compress_norm`.
-        unsafe { self.fused_on(&p, &t, self.counters_ptr, self.stream(), self.sanitize) }
+        self.own_stream().fused_compress_insert(a)
     }
 
     fn gather_dequant(&self, a: GatherArgs<'_, DeviceBuffer<D>>) -> Result<()> {
-        let p = plan_gather(&a)?;
-        let t = a.tensors();
-        if !self.owned(p.n, |f| t.each(f))? {
-            return Ok(());
-        }
-        // SAFETY: as in `fused_save_compress_norm`.
-        unsafe { self.gather_on(&p, &t, self.counters_ptr, self.stream()) }
+        self.own_stream().gather_dequant(a)
     }
 
     fn take_skip_counts(&self) -> Result<SkipCounts> {
-        self.synchronize()?;
-        let mut c = [0u8; 4 * NUM_COUNTERS];
-        let s = self.stream();
-        // SAFETY: the counters hold 4 * NUM_COUNTERS bytes; the stream is
-        // waited for before `c` is read, and the reset is ordered before any
-        // later launch on the stream.
-        unsafe {
-            self.drv.copy_to_host(&mut c, self.counters_ptr, s)?;
-            self.drv.synchronize(s)?;
-            self.drv.memset(self.counters_ptr, 0, 4 * NUM_COUNTERS, s)?;
-        }
-        let at = |i: usize| {
-            u64::from(u32::from_ne_bytes([
-                c[4 * i],
-                c[4 * i + 1],
-                c[4 * i + 2],
-                c[4 * i + 3],
-            ]))
-        };
-        Ok(SkipCounts {
-            slot_out_of_range: at(0),
-            position_out_of_range: at(1),
-            index_out_of_range: at(2),
-        })
+        self.own_stream().take_skip_counts()
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.drv.synchronize(self.stream())
+        self.own_stream().synchronize()
     }
 }

@@ -7,7 +7,7 @@ use super::bind::DevAddr;
 use super::{Driver, GpuBackend};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::kernel_abi::{self, Kernel};
+use crate::kernel_abi::{self, Geometry, Kernel};
 use std::ffi::c_void;
 use std::time::Instant;
 
@@ -37,10 +37,12 @@ impl<D: Driver> GpuBackend<D> {
             f()?;
         }
         guard.0 = None;
-        let graph = self.drv.end_capture()?.ok_or_else(|| Error::Driver {
-            backend: D::BACKEND,
-            call: "end of stream capture",
-            message: "the capture recorded no work".into(),
+        let graph = self.drv.end_capture()?.ok_or_else(|| {
+            Error::driver(
+                D::BACKEND,
+                "end of stream capture",
+                "the capture recorded no work",
+            )
         })?;
         Ok(CapturedGraph {
             graph,
@@ -65,7 +67,7 @@ impl<D: Driver> GpuBackend<D> {
                 graph.launch()?;
             }
         }
-        self.drv.synchronize(self.stream())?;
+        self.synchronize()?;
         events
             .windows(2)
             .map(|w| self.drv.elapsed_ms(&w[0], &w[1]))
@@ -182,21 +184,20 @@ impl<D: Driver> GpuBackend<D> {
                 dst: dst.addr(),
                 units,
             };
+            let g = Geometry {
+                grid,
+                block_threads: block,
+                groups_log2: 0,
+                screen_tokens: false,
+                shared_bytes: 0,
+            };
             let us = self.time_graph(launches, replays, || {
                 let mut p = params;
+                let p = &mut p as *mut kernel_abi::CopyParams as *mut c_void;
                 // SAFETY: `kv_copy` takes a CopyParams; both buffers hold
                 // `units` 16-byte units and outlive the replays, which
                 // `time_graph` waits for.
-                unsafe {
-                    self.drv.launch(
-                        f,
-                        grid,
-                        block,
-                        0,
-                        self.stream(),
-                        &mut p as *mut kernel_abi::CopyParams as *mut c_void,
-                    )
-                }
+                unsafe { self.drv.launch(f, &g, self.stream(), p) }
             })?;
             let mut us = us;
             us.sort_by(|a, b| a.total_cmp(b));

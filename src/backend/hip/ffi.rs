@@ -114,6 +114,7 @@ hip_api! {
         runtime_get_version = "hipRuntimeGetVersion": fn(*mut c_int) -> HipError;
         driver_get_version = "hipDriverGetVersion": fn(*mut c_int) -> HipError;
         device_total_mem = "hipDeviceTotalMem": fn(*mut usize, c_int) -> HipError;
+        mem_get_info = "hipMemGetInfo": fn(*mut usize, *mut usize) -> HipError;
         get_error_name = "hipGetErrorName": fn(HipError) -> *const c_char;
         stream_begin_capture = "hipStreamBeginCapture": fn(Stream, c_int) -> HipError;
         stream_end_capture = "hipStreamEndCapture": fn(Stream, *mut Graph) -> HipError;

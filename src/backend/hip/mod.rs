@@ -60,11 +60,12 @@ mod ffi;
 mod loaded;
 
 use self::ffi::{Api, HipError, Stream, HIP_ERROR_NO_DEVICE, HIP_SUCCESS};
+use super::gpu::driver::Params;
 use super::gpu::{DeviceFacts, Driver, GpuBackend};
 use super::raw::RawStream;
 use crate::detect::{sanitize_for, AmdArch, SanitizePolicy};
 use crate::error::{Error, Result};
-use crate::kernel_abi::Kernel;
+use crate::kernel_abi::{Geometry, Kernel};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::null_mut;
 use std::sync::Arc;
@@ -146,32 +147,45 @@ impl Drop for DeviceGuard<'_> {
     }
 }
 
-/// A `hipMalloc` allocation, freed on drop.
-pub struct HipMemory {
-    ptr: Handle,
-    api: Arc<Api>,
+/// A runtime object (an allocation, a stream, an event) released on drop
+/// by the call that frees it; an error there cannot be reported.
+pub struct HipOwned {
+    handle: Handle,
+    release: unsafe extern "C" fn(*mut c_void) -> HipError,
+    /// Keeps the library, and so `release`, loaded.
+    _api: Arc<Api>,
 }
 
-impl Drop for HipMemory {
-    fn drop(&mut self) {
-        // SAFETY: the pointer came from hipMalloc and is freed once. An error
-        // here (e.g. a device lost) cannot be reported from drop.
-        unsafe { (self.api.free)(self.ptr.0) };
+impl HipOwned {
+    fn new(
+        api: &Arc<Api>,
+        handle: *mut c_void,
+        release: unsafe extern "C" fn(*mut c_void) -> HipError,
+    ) -> Self {
+        HipOwned {
+            handle: Handle(handle),
+            release,
+            _api: api.clone(),
+        }
     }
 }
+
+impl Drop for HipOwned {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from the call `release` undoes and is
+        // released once; queued work on a stream still completes.
+        unsafe { (self.release)(self.handle.0) };
+    }
+}
+
+/// A `hipMalloc` allocation, freed (`hipFree`) on drop.
+pub type HipMemory = HipOwned;
+
+/// A `hipStreamCreate` stream, destroyed on drop.
+pub type HipStream = HipOwned;
 
 /// A HIP event, destroyed on drop.
-pub struct HipEvent {
-    event: Handle,
-    api: Arc<Api>,
-}
-
-impl Drop for HipEvent {
-    fn drop(&mut self) {
-        // SAFETY: created by hipEventCreate, destroyed once.
-        unsafe { (self.api.event_destroy)(self.event.0) };
-    }
-}
+pub type HipEvent = HipOwned;
 
 /// A captured graph and its executable instance, destroyed on drop.
 pub struct HipGraphExec {
@@ -392,6 +406,7 @@ unsafe impl Driver for HipDriver {
     type Memory = HipMemory;
     type Event = HipEvent;
     type Graph = HipGraphExec;
+    type Stream = HipStream;
 
     fn facts(&self) -> &DeviceFacts {
         &self.facts
@@ -424,7 +439,19 @@ unsafe impl Driver for HipDriver {
         Ok(Handle(f))
     }
 
-    fn alloc(&self, len: usize) -> Result<(HipMemory, u64)> {
+    fn create_stream(&self) -> Result<(HipStream, RawStream)> {
+        let _current = self.select_device()?;
+        let mut s: Stream = null_mut();
+        // SAFETY: valid out-pointer.
+        self.check("hipStreamCreate", unsafe {
+            (self.api.stream_create)(&mut s)
+        })?;
+        let stream = HipOwned::new(&self.api, s, self.api.stream_destroy);
+        Ok((stream, RawStream::from_ptr(s)))
+    }
+
+    /// `hipMalloc` is not stream-ordered: `stream` does not matter.
+    fn alloc(&self, len: usize, _stream: Option<&HipStream>) -> Result<(HipMemory, u64)> {
         let _current = self.select_device()?;
         let mut p = null_mut();
         // A zero-byte request returns null: allocate one byte.
@@ -432,13 +459,7 @@ unsafe impl Driver for HipDriver {
         self.check("hipMalloc", unsafe {
             (self.api.malloc)(&mut p, len.max(1))
         })?;
-        Ok((
-            HipMemory {
-                ptr: Handle(p),
-                api: self.api.clone(),
-            },
-            p as u64,
-        ))
+        Ok((HipOwned::new(&self.api, p, self.api.free), p as u64))
     }
 
     unsafe fn memset(&self, dst: u64, value: u8, len: usize, stream: RawStream) -> Result<()> {
@@ -468,20 +489,22 @@ unsafe impl Driver for HipDriver {
         )
     }
 
-    unsafe fn copy_on_device(
-        &self,
-        dst: u64,
-        src: u64,
-        len: usize,
-        stream: RawStream,
-    ) -> Result<()> {
+    unsafe fn copy_on_device(&self, dst: u64, src: u64, n: usize, stream: RawStream) -> Result<()> {
         self.memcpy(
             dst as *mut c_void,
             src as *const c_void,
-            len,
+            n,
             ffi::MEMCPY_D2D,
             stream,
         )
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        let f = self.api.mem_get_info?;
+        let _current = self.select_device().ok()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        (unsafe { f(&mut free, &mut total) } == HIP_SUCCESS).then_some((free, total))
     }
 
     fn synchronize(&self, stream: RawStream) -> Result<()> {
@@ -492,27 +515,19 @@ unsafe impl Driver for HipDriver {
         })
     }
 
-    unsafe fn launch(
-        &self,
-        function: Handle,
-        grid: u32,
-        block: u32,
-        shared_bytes: u32,
-        stream: RawStream,
-        params: *mut c_void,
-    ) -> Result<()> {
+    unsafe fn launch(&self, f: Handle, g: &Geometry, s: RawStream, params: Params) -> Result<()> {
         let _current = self.select_device()?;
         let mut args = [params];
         let code = (self.api.module_launch_kernel)(
-            function.0,
-            grid,
+            f.0,
+            g.grid,
             1,
             1,
-            block,
+            g.block_threads,
             1,
             1,
-            shared_bytes,
-            stream.as_ptr(),
+            g.shared_bytes,
+            s.as_ptr(),
             args.as_mut_ptr(),
             null_mut(),
         );
@@ -568,16 +583,13 @@ unsafe impl Driver for HipDriver {
         let mut e = null_mut();
         // SAFETY: valid out-pointer.
         self.check("hipEventCreate", unsafe { (self.api.event_create)(&mut e) })?;
-        Ok(HipEvent {
-            event: Handle(e),
-            api: self.api.clone(),
-        })
+        Ok(HipOwned::new(&self.api, e, self.api.event_destroy))
     }
 
     fn record_event(&self, event: &HipEvent) -> Result<()> {
         // SAFETY: the event and the stream are live.
         self.check("hipEventRecord", unsafe {
-            (self.api.event_record)(event.event.0, self.stream.0)
+            (self.api.event_record)(event.handle.0, self.stream.0)
         })
     }
 
@@ -585,19 +597,11 @@ unsafe impl Driver for HipDriver {
         let mut ms = 0f32;
         // SAFETY: both events are live and recorded.
         self.check("hipEventElapsedTime", unsafe {
-            (self.api.event_elapsed_time)(&mut ms, start.event.0, end.event.0)
+            (self.api.event_elapsed_time)(&mut ms, start.handle.0, end.handle.0)
         })?;
         Ok(ms)
     }
 }
-
-// The backend and its buffers can be shared across threads (the runtime
-// serializes work on the one stream).
-const _: () = {
-    const fn send_sync<T: Send + Sync>() {}
-    send_sync::<GpuBackend<HipDriver>>();
-    send_sync::<super::gpu::DeviceBuffer<HipDriver>>();
-};
 
 impl GpuBackend<HipDriver> {
     /// Opens HIP device `device` ([`HipDriver::open`]) with the sanitize and
@@ -644,11 +648,11 @@ fn check(api: &Api, call: &'static str, code: HipError) -> Result<()> {
     if code == HIP_SUCCESS {
         Ok(())
     } else {
-        Err(Error::Driver {
-            backend: BACKEND,
+        Err(Error::driver(
+            BACKEND,
             call,
-            message: format!("{} (HIP runtime {})", api.error_message(code), api.path),
-        })
+            format!("{} (HIP runtime {})", api.error_message(code), api.path),
+        ))
     }
 }
 

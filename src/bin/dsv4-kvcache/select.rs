@@ -83,27 +83,10 @@ impl<D: Driver> Timing<GpuBackend<D>> for GraphTiming {
         b.host_launch_cost(calls, || f(b))
     }
     fn device_memory_used(&self, b: &GpuBackend<D>) -> Option<u64> {
-        // The HIP runtime has no memory query in the driver yet; CUDA asks
-        // the driver on the backend's context (current after any call).
         b.synchronize().ok()?;
-        if D::BACKEND == "cuda" {
-            cuda_memory_used()
-        } else {
-            None
-        }
+        let (free, total) = b.memory_info()?;
+        Some(total.saturating_sub(free) as u64)
     }
-}
-
-/// Device memory in use on the current CUDA context (total - free).
-#[cfg(feature = "cuda")]
-fn cuda_memory_used() -> Option<u64> {
-    let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
-    Some(total.saturating_sub(free) as u64)
-}
-
-#[cfg(all(not(feature = "cuda"), feature = "hip"))]
-fn cuda_memory_used() -> Option<u64> {
-    None
 }
 
 #[cfg(feature = "cuda")]
