@@ -26,48 +26,36 @@ fn base<S: DevAddr>(b: &Bound<'_, S>) -> u64 {
     b.buf.map_or(0, |b| b.addr())
 }
 
+/// A pointer block: each field the base address of the tensor named after
+/// it, then the skip counters.
+macro_rules! ptrs {
+    ($block:ident, $t:expr, $counters:expr; $($field:ident: $($tensor:ident).+),* $(,)?) => {
+        $block {
+            $($field: base(&$t.$($tensor).+),)*
+            counters: $counters,
+        }
+    };
+}
+
 /// A gather's pointer block.
 pub fn gather_ptrs<S: DevAddr>(t: &GatherTensors<'_, S>, counters: u64) -> GatherPtrs {
-    GatherPtrs {
-        cache: base(&t.kv_cache),
-        slots: base(&t.slot_mapping),
-        block_table: base(&t.block_table),
-        cu_seq_lens: base(&t.cu_seq_lens),
-        seq_starts: base(&t.seq_starts),
-        fp8_scale: base(&t.fp8_scale),
-        out: base(&t.out),
-        counters,
-    }
+    ptrs!(GatherPtrs, t, counters; cache: kv_cache, slots: slot_mapping,
+        block_table: block_table, cu_seq_lens: cu_seq_lens, seq_starts: seq_starts,
+        fp8_scale: fp8_scale, out: out)
 }
 
 /// The compressor's pointer block.
 pub fn compress_ptrs<S: DevAddr>(t: &CompressTensors<'_, S>, counters: u64) -> CompressPtrs {
-    CompressPtrs {
-        kv_score: base(&t.kv_score),
-        positions: base(&t.positions),
-        slots: base(&t.slot_mapping),
-        weight: base(&t.rms_norm_weight),
-        latent: base(&t.latent_out),
-        ring: base(&t.state_cache),
-        qsl: base(&t.query_start_loc),
-        ttr: base(&t.token_to_req_indices),
-        prev_rows: base(&t.prev_rows),
-        prev_idx: base(&t.prev_row_indices),
-        counters,
-    }
+    ptrs!(CompressPtrs, t, counters; kv_score: kv_score, positions: positions,
+        slots: slot_mapping, weight: rms_norm_weight, latent: latent_out, ring: state_cache,
+        qsl: query_start_loc, ttr: token_to_req_indices, prev_rows: prev_rows,
+        prev_idx: prev_row_indices)
 }
 
 /// An insert's pointer block.
 pub fn insert_ptrs<S: DevAddr>(t: &InsertTensors<'_, S>, counters: u64) -> InsertPtrs {
-    InsertPtrs {
-        latent: base(&t.latent),
-        positions: base(&t.positions),
-        slots: base(&t.slot_mapping),
-        cos_sin: base(&t.cos_sin_cache),
-        cache: base(&t.kv_cache),
-        fp8_scale: base(&t.fp8_scale),
-        counters,
-    }
+    ptrs!(InsertPtrs, t, counters; latent: latent, positions: positions, slots: slot_mapping,
+        cos_sin: cos_sin_cache, cache: kv_cache, fp8_scale: fp8_scale)
 }
 
 /// A `save_ring_rows` launch's three addresses (rows, slots, ring).
@@ -79,15 +67,9 @@ pub fn ring_ptrs<S: DevAddr>(t: &RingTensors<'_, S>) -> (u64, u64, u64) {
 /// output and its positions the compressor's (the parameter block links
 /// them).
 pub fn fused_insert_ptrs<S: DevAddr>(t: &FusedTensors<'_, S>, counters: u64) -> InsertPtrs {
-    InsertPtrs {
-        latent: base(&t.compress.latent_out),
-        positions: base(&t.compress.positions),
-        slots: base(&t.insert.cache_slot_mapping),
-        cos_sin: base(&t.insert.cos_sin_cache),
-        cache: base(&t.insert.kv_cache),
-        fp8_scale: base(&t.insert.fp8_scale),
-        counters,
-    }
+    ptrs!(InsertPtrs, t, counters; latent: compress.latent_out, positions: compress.positions,
+        slots: insert.cache_slot_mapping, cos_sin: insert.cos_sin_cache,
+        cache: insert.kv_cache, fp8_scale: insert.fp8_scale)
 }
 
 /// A raw view's address: non-null and aligned as the table says.
