@@ -490,6 +490,8 @@ fn views_launch_on_their_stream() {
         *b.driver().launch_streams.lock().unwrap(),
         [b.stream(), s.raw()]
     );
+    b.synchronize_stream(&s).expect("a wait on the stream");
+    assert!(other.synchronize_stream(&s).is_err());
     match other.on_stream(&s) {
         Err(Error::Value { arg: "stream", .. }) => {}
         r => panic!("a stream of another backend: {r:?}"),

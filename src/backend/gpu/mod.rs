@@ -32,7 +32,8 @@
 //! backend made ([`GpuBackend::create_stream`]) through the view
 //! [`GpuBackend::on_stream`], which is a [`Backend`] too: threads sharing a
 //! backend each launch on a stream of their own. A [`Stream`]'s handle
-//! ([`Stream::raw`]) also serves the `*_raw` entry points.
+//! ([`Stream::raw`]) also serves the `*_raw` entry points, and
+//! [`GpuBackend::synchronize_stream`] waits for it.
 
 pub(crate) mod bind;
 pub mod driver;

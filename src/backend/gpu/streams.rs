@@ -97,6 +97,13 @@ impl<D: Driver> GpuBackend<D> {
         })
     }
 
+    /// Waits for the work on `stream` (the safe API's or raw calls' on
+    /// [`Stream::raw`]); a failure names the rows of the safe API's calls
+    /// still pending there.
+    pub fn synchronize_stream(&self, stream: &Stream<D>) -> Result<()> {
+        self.on_stream(stream)?.synchronize()
+    }
+
     /// The safe API on the backend's own stream, with its sanitize setting.
     pub(super) fn own_stream(&self) -> OnStream<'_, D> {
         OnStream {
