@@ -220,10 +220,10 @@ run() {
         fi
 
         logrun "$bin/concurrency" hip_ --nocapture
-        if [ $rc -eq 0 ] && ! grep -q SKIPPED "$log" && [ "$(grep -c "^hip, .*identical to the sequential run" "$log")" -eq 3 ]; then
+        if [ $rc -eq 0 ] && ! grep -q SKIPPED "$log" && [ "$(grep -c "hip, .*identical to the sequential run" "$log")" -eq 3 ]; then
             while IFS= read -r line; do
                 pass "$dev concurrency: $(cut -c1-160 <<<"$line")"
-            done <<<"$(grep "^hip, .*identical to the sequential" "$log")"
+            done <<<"$(grep -o "hip, .*identical to the sequential run" "$log")"
         else
             fail "$dev concurrency (rc $rc)"
             show_tail "$log"
