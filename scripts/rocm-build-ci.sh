@@ -8,16 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export ROCM_PATH="${ROCM_PATH:-/opt/rocm}"
-export HIPCC="${HIPCC:-$ROCM_PATH/bin/hipcc}"
-export PATH="$ROCM_PATH/bin:$PATH"
-# The CUDA fatbin is not built here (no nvcc); a HIP compiler that is found
-# but fails is an error whatever this says (build.rs).
-export DSV4_KVCACHE_REQUIRE_KERNELS=0
-export DSV4_KVCACHE_HIP_ARCHS="${DSV4_KVCACHE_HIP_ARCHS:-gfx942,gfx950}"
-
-command -v cargo >/dev/null || { echo "rocm-build-ci: cargo not found (install rustup first)"; exit 2; }
-test -x "$HIPCC" || { echo "rocm-build-ci: hipcc not found at $HIPCC"; exit 2; }
+source scripts/rocm-env.sh rocm-build-ci
 "$HIPCC" --version
 
 cargo build --release --all-targets --no-default-features --features hip

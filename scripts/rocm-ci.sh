@@ -7,16 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export ROCM_PATH="${ROCM_PATH:-/opt/rocm}"
-export HIPCC="${HIPCC:-$ROCM_PATH/bin/hipcc}"
-export PATH="$ROCM_PATH/bin:$PATH"
-# Build the HIP code objects with hipcc (the real ROCm headers) and fail on
-# any compile error; the CUDA fatbin is not needed here.
-export DSV4_KVCACHE_REQUIRE_KERNELS=0
-export DSV4_KVCACHE_HIP_ARCHS="${DSV4_KVCACHE_HIP_ARCHS:-gfx942,gfx950}"
-
-command -v cargo >/dev/null || { echo "rocm-ci: cargo not found (install rustup first)"; exit 2; }
-test -x "$HIPCC" || { echo "rocm-ci: hipcc not found at $HIPCC"; exit 2; }
+source scripts/rocm-env.sh rocm-ci
 rocminfo | grep -m2 -E "gfx9[0-9a-f]+" || { echo "rocm-ci: no AMD GPU visible (rocminfo)"; exit 2; }
 
 cargo build --release --all-targets --no-default-features --features hip

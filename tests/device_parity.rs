@@ -26,12 +26,17 @@
 
 mod common;
 #[path = "gpu_required/mod.rs"]
+#[macro_use]
 mod gpu_required;
+
+#[path = "flips_a_byte/mod.rs"]
+mod flips_a_byte;
+use flips_a_byte::{Flip, FlipsAByte};
 
 use common::{adversarial_cases, all_kinds, random_case, run_case_mut, Case, Outputs};
 use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
 use dsv4_kvcache::backend::Backend;
-use dsv4_kvcache::{CpuBackend, LaunchPolicy, Result, SkipCounts};
+use dsv4_kvcache::{CpuBackend, LaunchPolicy};
 
 /// Every case the parity run uses, labelled.
 fn cases() -> Vec<(String, Case)> {
@@ -153,104 +158,12 @@ fn check_gpu<D: Driver>(dev: &mut GpuBackend<D>) {
 
 #[test]
 fn cuda_matches_reference() {
-    #[cfg(feature = "cuda")]
-    {
-        use dsv4_kvcache::backend::cuda::CudaDriver;
-        match dsv4_kvcache::CudaBackend::new(0) {
-            Ok(mut b) => check_gpu(&mut b),
-            Err(e) => gpu_required::skip_or_fail(
-                "cuda_matches_reference",
-                "cuda",
-                CudaDriver::library_present(),
-                &e,
-            ),
-        }
-    }
-    #[cfg(not(feature = "cuda"))]
-    gpu_required::skip_or_fail(
-        "cuda_matches_reference",
-        "cuda",
-        false,
-        &"built without the `cuda` feature",
-    );
+    on_gpu!(cuda, "cuda_matches_reference", |b| check_gpu(b));
 }
 
 #[test]
 fn hip_matches_reference() {
-    #[cfg(feature = "hip")]
-    {
-        use dsv4_kvcache::backend::hip::HipDriver;
-        match dsv4_kvcache::HipBackend::new(0) {
-            Ok(mut b) => check_gpu(&mut b),
-            Err(e) => gpu_required::skip_or_fail(
-                "hip_matches_reference",
-                "hip",
-                HipDriver::library_present(),
-                &e,
-            ),
-        }
-    }
-    #[cfg(not(feature = "hip"))]
-    gpu_required::skip_or_fail(
-        "hip_matches_reference",
-        "hip",
-        false,
-        &"built without the `hip` feature",
-    );
-}
-
-/// A deliberately wrong backend: the CPU reference whose reads come back
-/// with their first byte flipped.
-struct FlipsAByte(CpuBackend);
-
-impl Backend for FlipsAByte {
-    type Buffer = <CpuBackend as Backend>::Buffer;
-    fn name(&self) -> String {
-        "cpu, reads with their first byte flipped".into()
-    }
-    fn sanitize(&self) -> bool {
-        self.0.sanitize()
-    }
-    fn set_sanitize(&mut self, on: bool) {
-        self.0.set_sanitize(on)
-    }
-    fn upload(&self, bytes: &[u8]) -> Result<Self::Buffer> {
-        self.0.upload(bytes)
-    }
-    fn write(&self, buf: &mut Self::Buffer, bytes: &[u8]) -> Result<()> {
-        self.0.write(buf, bytes)
-    }
-    fn read(&self, buf: &Self::Buffer) -> Result<Vec<u8>> {
-        let mut v = self.0.read(buf)?;
-        if let Some(b) = v.first_mut() {
-            *b ^= 1;
-        }
-        Ok(v)
-    }
-    fn fused_save_compress_norm(
-        &self,
-        a: dsv4_kvcache::CompressArgs<'_, Self::Buffer>,
-    ) -> Result<()> {
-        self.0.fused_save_compress_norm(a)
-    }
-    fn rope_quant_insert(&self, a: dsv4_kvcache::InsertArgs<'_, Self::Buffer>) -> Result<()> {
-        self.0.rope_quant_insert(a)
-    }
-    fn save_ring_rows(&self, a: dsv4_kvcache::RingArgs<'_, Self::Buffer>) -> Result<()> {
-        self.0.save_ring_rows(a)
-    }
-    fn fused_compress_insert(&self, a: dsv4_kvcache::FusedArgs<'_, Self::Buffer>) -> Result<()> {
-        self.0.fused_compress_insert(a)
-    }
-    fn gather_dequant(&self, a: dsv4_kvcache::GatherArgs<'_, Self::Buffer>) -> Result<()> {
-        self.0.gather_dequant(a)
-    }
-    fn take_skip_counts(&self) -> Result<SkipCounts> {
-        self.0.take_skip_counts()
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.0.synchronize()
-    }
+    on_gpu!(hip, "hip_matches_reference", |b| check_gpu(b));
 }
 
 /// Whether a case wrote (or kept) any output bytes.
@@ -281,7 +194,7 @@ fn harness_detects_differences() {
         .filter(|(_, c)| has_output(&run_case_mut(&mut cpu, c)))
         .count();
     assert!(with_output > 0);
-    let mut wrong = FlipsAByte(CpuBackend::new());
+    let mut wrong = FlipsAByte::new(Flip::First(1));
     let t = parity(&mut wrong, &all, &["a", "b"], |_, _| {});
     for tally in &t {
         assert_eq!(

@@ -23,6 +23,7 @@
 
 mod gather_cases;
 #[path = "gpu_required/mod.rs"]
+#[macro_use]
 mod gpu_required;
 
 use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
@@ -214,50 +215,12 @@ fn graph_and_raw_match_eager<D: Driver>(dev: &GpuBackend<D>, all: &[Case]) {
 
 #[test]
 fn cuda_matches_reference() {
-    #[cfg(feature = "cuda")]
-    {
-        use dsv4_kvcache::backend::cuda::CudaDriver;
-        match dsv4_kvcache::CudaBackend::new(0) {
-            Ok(mut b) => check_gpu(&mut b),
-            Err(e) => gpu_required::skip_or_fail(
-                "gather cuda_matches_reference",
-                "cuda",
-                CudaDriver::library_present(),
-                &e,
-            ),
-        }
-    }
-    #[cfg(not(feature = "cuda"))]
-    gpu_required::skip_or_fail(
-        "gather cuda_matches_reference",
-        "cuda",
-        false,
-        &"built without the `cuda` feature",
-    );
+    on_gpu!(cuda, "gather cuda_matches_reference", |b| check_gpu(b));
 }
 
 #[test]
 fn hip_matches_reference() {
-    #[cfg(feature = "hip")]
-    {
-        use dsv4_kvcache::backend::hip::HipDriver;
-        match dsv4_kvcache::HipBackend::new(0) {
-            Ok(mut b) => check_gpu(&mut b),
-            Err(e) => gpu_required::skip_or_fail(
-                "gather hip_matches_reference",
-                "hip",
-                HipDriver::library_present(),
-                &e,
-            ),
-        }
-    }
-    #[cfg(not(feature = "hip"))]
-    gpu_required::skip_or_fail(
-        "gather hip_matches_reference",
-        "hip",
-        false,
-        &"built without the `hip` feature",
-    );
+    on_gpu!(hip, "gather hip_matches_reference", |b| check_gpu(b));
 }
 
 /// The comparison itself can fail: a one-thread CPU backend agrees with the

@@ -15,18 +15,7 @@ use std::path::PathBuf;
 mod gpu_required;
 
 fn files() -> Vec<PathBuf> {
-    let dir = gpu_required::vectors_dir();
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("vector folder {}: {e}", dir.display()))
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("gather_"))
-                && p.extension().is_some_and(|e| e == "safetensors")
-        })
-        .collect();
-    v.sort();
-    v
+    gpu_required::vector_files("gather_")
 }
 
 fn replay_all<B: Backend>(b: &mut B) {

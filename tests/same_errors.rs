@@ -11,6 +11,7 @@
 mod common;
 mod gather_cases;
 #[path = "gpu_required/mod.rs"]
+#[macro_use]
 mod gpu_required;
 
 use common::{all_kinds, random_case, run_case, run_case_mut, Buf, Case, Outputs};
@@ -259,68 +260,29 @@ fn stand_in_gives_the_cpu_errors_and_writes_nothing() {
     assert!(errors < all.len(), "some cases are valid");
 }
 
-#[test]
-fn cuda_gives_the_cpu_errors() {
-    #[cfg(feature = "cuda")]
-    match dsv4_kvcache::CudaBackend::new(0) {
-        Ok(mut b) => {
-            agree_with_cpu(&mut b, &cases());
-            assert_eq!(
-                signatures(&raw_errors(&b)),
-                signatures(&raw_errors(&stand_in()))
-            );
-            gathers_agree_with_cpu(&b);
-            assert_eq!(
-                signatures(&raw_gather_errors(&b)),
-                signatures(&raw_gather_errors(&stand_in()))
-            );
-        }
-        Err(e) => gpu_required::skip_or_fail(
-            "cuda_gives_the_cpu_errors",
-            "cuda",
-            dsv4_kvcache::backend::cuda::CudaDriver::library_present(),
-            &e,
-        ),
-    }
-    #[cfg(not(feature = "cuda"))]
-    gpu_required::skip_or_fail(
-        "cuda_gives_the_cpu_errors",
-        "cuda",
-        false,
-        &"no `cuda` feature",
+/// A device backend refuses what the CPU refuses, with the same errors and
+/// no writes, and its raw entry points fail like the stand-in's.
+fn same_as_cpu<D: Driver>(b: &mut GpuBackend<D>) {
+    agree_with_cpu(b, &cases());
+    assert_eq!(
+        signatures(&raw_errors(b)),
+        signatures(&raw_errors(&stand_in()))
+    );
+    gathers_agree_with_cpu(b);
+    assert_eq!(
+        signatures(&raw_gather_errors(b)),
+        signatures(&raw_gather_errors(&stand_in()))
     );
 }
 
 #[test]
+fn cuda_gives_the_cpu_errors() {
+    on_gpu!(cuda, "cuda_gives_the_cpu_errors", |b| same_as_cpu(b));
+}
+
+#[test]
 fn hip_gives_the_cpu_errors() {
-    #[cfg(feature = "hip")]
-    match dsv4_kvcache::HipBackend::new(0) {
-        Ok(mut b) => {
-            agree_with_cpu(&mut b, &cases());
-            assert_eq!(
-                signatures(&raw_errors(&b)),
-                signatures(&raw_errors(&stand_in()))
-            );
-            gathers_agree_with_cpu(&b);
-            assert_eq!(
-                signatures(&raw_gather_errors(&b)),
-                signatures(&raw_gather_errors(&stand_in()))
-            );
-        }
-        Err(e) => gpu_required::skip_or_fail(
-            "hip_gives_the_cpu_errors",
-            "hip",
-            dsv4_kvcache::backend::hip::HipDriver::library_present(),
-            &e,
-        ),
-    }
-    #[cfg(not(feature = "hip"))]
-    gpu_required::skip_or_fail(
-        "hip_gives_the_cpu_errors",
-        "hip",
-        false,
-        &"no `hip` feature",
-    );
+    on_gpu!(hip, "hip_gives_the_cpu_errors", |b| same_as_cpu(b));
 }
 
 const N: usize = 4;

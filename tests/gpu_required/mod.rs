@@ -29,6 +29,22 @@ pub fn vectors_dir() -> std::path::PathBuf {
     }
 }
 
+/// The committed vector files whose names start with `prefix`, sorted.
+pub fn vector_files(prefix: &str) -> Vec<std::path::PathBuf> {
+    let dir = vectors_dir();
+    let mut v: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("vector folder {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+                && p.extension().is_some_and(|e| e == "safetensors")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 /// Whether `backend` (`cuda` or `hip`) must have a device here.
 pub fn required(backend: &str, library_present: bool) -> bool {
     required_by(
