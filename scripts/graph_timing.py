@@ -14,17 +14,25 @@ device waits for the host to submit it, which the bench never sees
 import torch
 
 
-def graph_times(fn, launches=20, replays=7):
-    """Every timed replay's µs per launch, in replay order."""
+def capture(fn, launches=20, keep_graph=False):
+    """`launches` calls of fn in a torch.cuda.graph, after a warm-up call on a
+    side stream (`keep_graph`: keep the captured
+    graph for inspection)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         fn()
     torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
+    g = torch.cuda.CUDAGraph(keep_graph=True) if keep_graph else torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(launches):
             fn()
+    return g
+
+
+def replay_times(g, launches, replays=7):
+    """A warm-up replay of g, then `replays` replays back to back on the
+    current stream, an event between consecutive ones; µs per launch of each."""
     events = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
     g.replay()
     for i, e in enumerate(events):
@@ -33,6 +41,11 @@ def graph_times(fn, launches=20, replays=7):
             g.replay()
     torch.cuda.synchronize()
     return [a.elapsed_time(b) * 1000 / launches for a, b in zip(events, events[1:])]
+
+
+def graph_times(fn, launches=20, replays=7):
+    """Every timed replay's µs per launch, in replay order."""
+    return replay_times(capture(fn, launches), launches, replays)
 
 
 def graph_us(fn, launches=20, replays=7):

@@ -67,6 +67,7 @@ import torch  # noqa: E402
 
 import dsv4_kvcache as kv  # noqa: E402
 from cases import load_vectors  # noqa: E402
+from graph_timing import capture, replay_times  # noqa: E402
 
 try:  # only the probe's Triton step and gather_baseline.py's tensors need it
     import triton
@@ -241,33 +242,17 @@ class AsyncCopies:
 # ---- torch's graphs -----------------------------------------------------------------
 
 def torch_graph(fn, k, keep=False):
-    """K calls of fn in a torch.cuda.graph, after a warm-up call on a side
-    stream (scripts/graph_timing.py's capture)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph(keep_graph=True) if keep else torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(k):
-            fn()
-    return g
+    """K calls of fn in a torch.cuda.graph (scripts/graph_timing.py's capture)."""
+    return capture(fn, k, keep_graph=keep)
 
 
 def torch_b2b(g, k, replays=REPLAYS, stream=None):
-    """The Rust method on a torch graph: events between back-to-back replays
-    on the current stream (or `stream`)."""
-    ctx = torch.cuda.stream(stream) if stream is not None else _Null()
-    with ctx:
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
-        g.replay()
-        for i, e in enumerate(ev):
-            e.record()
-            if i < replays:
-                g.replay()
-        torch.cuda.synchronize()
-    return [a.elapsed_time(b) * 1000.0 / k for a, b in zip(ev, ev[1:])]
+    """The Rust method on a torch graph (scripts/graph_timing.py): events
+    between back-to-back replays on the current stream (or `stream`)."""
+    if stream is None:
+        return replay_times(g, k, replays)
+    with torch.cuda.stream(stream):
+        return replay_times(g, k, replays)
 
 
 def torch_iso(g, k, replays=REPLAYS):
@@ -284,14 +269,6 @@ def torch_iso(g, k, replays=REPLAYS):
         b.synchronize()
         out.append(a.elapsed_time(b) * 1000.0 / k)
     return out
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def med(v):
