@@ -16,8 +16,7 @@ import torch
 
 def capture(fn, launches=20, keep_graph=False):
     """`launches` calls of fn in a torch.cuda.graph, after a warm-up call on a
-    side stream (`keep_graph`: keep the captured
-    graph for inspection)."""
+    side stream (`keep_graph`: keep the captured graph for inspection)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
