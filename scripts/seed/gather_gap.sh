@@ -23,7 +23,7 @@ bundle() {
     command -v objcopy >/dev/null && strip=(objcopy --strip-debug)
     "${strip[@]}" "${CARGO_TARGET_DIR:-target}/release/dsv4-kvcache" "$out/dsv4-kvcache" || exit 2
     rm -rf "$out/wheel" "$out/site"
-    "${PYTHON:-$root/.venv/bin/python}" -m maturin build --release -m python/Cargo.toml -o "$out/wheel" || exit 2
+    "${PYTHON:-$root/.venv/bin/python}" -m maturin build --release --strip -m python/Cargo.toml -o "$out/wheel" || exit 2
     mkdir -p "$out/site"
     (cd "$out/site" && python3 -m zipfile -e "$out"/wheel/dsv4_kvcache-*.whl .) || exit 2
     rm -rf "$out/wheel"
