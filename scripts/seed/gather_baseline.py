@@ -1,14 +1,17 @@
-"""A straightforward Triton gather (one program of four warps per output
-row, the seed's insert style) for MXFP8 and NVFP4, written by this project
-from docs/layouts.md; the H200 baseline of issue 17 item 5. Then ours
-(dsv4_kvcache.gather_dequant, CUDA graph replay of 20 launches, four
-rounds, each side first in every other one, best of each) vs it at N = 1, 16, 128, 1024, 8192, 65536
-with a random slot permutation; ours is checked against the CPU reference
-on the same tensors first.
+"""A straightforward Triton gather (one program per output row, the seed's
+insert style) for MXFP8 and NVFP4, written by this project from
+docs/layouts.md; the H200 baseline of issue 17 item 5, tuned as a user would
+tune it (issue 30): its num_warps the best of 1, 2, 4 and 8 at every N.
+Then ours (dsv4_kvcache.gather_dequant, CUDA graph of 20 launches timed as
+the Rust bench times it, scripts/graph_timing.py; four rounds, ours and each
+Triton width in turn, ours first in every other one, best of each) vs it at
+N = 1, 16, 128, 1024, 8192, 65536 with a random slot permutation; ours is
+checked against the CPU reference on the same tensors first.
 
     python scripts/seed/gather_baseline.py [written|random ...]   # on the H200 (torch + triton)
     GATHER_BASELINE_N=1,16 python scripts/seed/gather_baseline.py written   # some sizes only
     GATHER_BASELINE_ROUNDS=8 python scripts/seed/gather_baseline.py        # more rounds (4)
+    GATHER_BASELINE_WARPS=4 python scripts/seed/gather_baseline.py         # Triton widths tried (1,2,4,8)
 
 Two caches: "written" (every row the record of a normally distributed
 latent, written by dsv4_kvcache.rope_quant_insert: what a serving cache
@@ -71,6 +74,8 @@ BS = 64
 # The bench's graph: 20 launches, here the median of 50 replays.
 LAUNCHES, REPLAYS = 20, 50
 ROUNDS = int(os.environ.get("GATHER_BASELINE_ROUNDS", "4"))
+# The Triton gather's launch widths; its figure is the best of them.
+WARPS = [int(w) for w in os.environ.get("GATHER_BASELINE_WARPS", "1,2,4,8").split(",")]
 
 
 def write_records(c, rows, dev, fp8_scale=None):
@@ -119,21 +124,26 @@ def main():
             kv.gather_dequant(cache.cpu(), ref, slots.cpu())
             torch.cuda.synchronize()
             bad = int((ours.cpu().view(torch.int16) != ref.view(torch.int16)).sum())
-            # ROUNDS rounds, ours and Triton in turn, each first in every other
-            # round, the best of each: neither side is timed only first.
-            t_ours = t_base = float("inf")
+            # ROUNDS rounds, ours and every Triton width in turn, ours first
+            # in every other round, the best of each: nothing is timed only first.
+            t_ours = float("inf")
+            t_base = {nw: float("inf") for nw in WARPS}
             for r in range(ROUNDS):
-                for side in ([0, 1] if r % 2 == 0 else [1, 0]):
-                    if side == 0:
+                sides = [None] + WARPS if r % 2 == 0 else WARPS[::-1] + [None]
+                for nw in sides:
+                    if nw is None:
                         t_ours = min(t_ours, graph_us(lambda: kv.gather_dequant(cache, ours, slots), LAUNCHES,
                                                       REPLAYS))
                     else:
-                        t_base = min(t_base, graph_us(lambda: kern[(n,)](cache, slots, base, BS, BS * w,
-                                                                         num_warps=4), LAUNCHES, REPLAYS))
+                        t_base[nw] = min(t_base[nw], graph_us(
+                            lambda: kern[(n,)](cache, slots, base, BS, BS * w, num_warps=nw), LAUNCHES, REPLAYS))
+            best_nw = min(t_base, key=t_base.get)
+            t_best = t_base[best_nw]
             moved = n * (w + 8 + 1024)  # record + slot read, BF16 row written
+            widths = ", ".join(f"{nw}: {t:.2f}" for nw, t in t_base.items())
             print(f"{mode} {layout} N={n:6d}: ours {t_ours:8.2f} us ({moved / t_ours / 1e3:7.1f} GB/s), "
-                  f"triton {t_base:8.2f} us ({moved / t_base / 1e3:7.1f} GB/s), "
-                  f"bytes {moved}, mismatches vs CPU {bad}")
+                  f"triton {t_best:8.2f} us at num_warps {best_nw} ({moved / t_best / 1e3:7.1f} GB/s; {widths}), "
+                  f"ours / triton {t_ours / t_best:.3f}, bytes {moved}, mismatches vs CPU {bad}", flush=True)
 
 
 if __name__ == "__main__":

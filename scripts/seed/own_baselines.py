@@ -164,13 +164,15 @@ def _own_pool_norm(older, newer, weight, out, EPS: tl.constexpr):
 
 
 @triton.jit
-def _own_compress_cr2_kernel(kv_score, positions, slots, qsl, ttr, ring, weight, latent_out, num_reqs,
+def _own_compress_cr2_kernel(kv_score, positions, slots, qsl, ttr, ring, weight, latent_out, num_reqs, num_tokens,
                              EPS: tl.constexpr, CAP: tl.constexpr):
-    """CR2 save/compress/norm without prev_rows, in one launch: programs
-    0..num_reqs-1 are requests (the first token's group, pooled with the ring
-    row of the position before it, then the ring stores of the chunk's last
-    CAP tokens, after that read), the others tokens (the group a token with an
-    odd position closes inside its chunk)."""
+    """CR2 save/compress/norm without prev_rows, in one launch on the seed
+    docstring's grid: programs 0..num_reqs-1 are requests (the first token's
+    group, pooled with the ring row of the position before it, then the ring
+    stores of the chunk's last CAP tokens, after that read), then one
+    program per pair of packed tokens, which pools the group each of its
+    two tokens closes inside its chunk (odd position, not the chunk's first
+    token): one group a pair where chunks start at even positions."""
     pid = tl.program_id(0)
     if pid < num_reqs:
         start = tl.load(qsl + pid)
@@ -190,13 +192,15 @@ def _own_compress_cr2_kernel(kv_score, positions, slots, qsl, ttr, ring, weight,
                     row = tl.load(kv_score + u * 1024 + e)
                     tl.store(ring + su * 1024 + e, row)
     else:
-        t = pid - num_reqs
-        start = tl.load(qsl + tl.load(ttr + t))
-        slot = tl.load(slots + t)
-        pos = tl.load(positions + t)
-        if (t != start) & (slot >= 0) & (pos % 2 == 1):
-            row = kv_score + t.to(tl.int64) * 1024
-            _own_pool_norm(row - 1024, row, weight, latent_out + t.to(tl.int64) * 512, EPS)
+        for j in tl.static_range(2):
+            t = 2 * (pid - num_reqs) + j
+            if t < num_tokens:
+                start = tl.load(qsl + tl.load(ttr + t))
+                slot = tl.load(slots + t)
+                pos = tl.load(positions + t)
+                if (t != start) & (slot >= 0) & (pos % 2 == 1):
+                    row = kv_score + t.to(tl.int64) * 1024
+                    _own_pool_norm(row - 1024, row, weight, latent_out + t.to(tl.int64) * 512, EPS)
 
 
 # --------------------------------------------------------------- launchers
@@ -229,9 +233,10 @@ def compress_cr2(kv_score, positions, slot_mapping, query_start_loc, token_to_re
                  latent_out, num_warps=4):
     """CR2 save/compress/norm, no prev_rows; state_cache is [blocks, capacity, 1024] f32."""
     num_reqs = query_start_loc.numel() - 1
-    _own_compress_cr2_kernel[(num_reqs + kv_score.shape[0],)](
+    num_tokens = kv_score.shape[0]
+    _own_compress_cr2_kernel[(num_reqs + triton.cdiv(num_tokens, 2),)](
         kv_score, positions, slot_mapping, query_start_loc, token_to_req, state_cache, weight, latent_out,
-        num_reqs, EPS=eps, CAP=state_cache.shape[1], num_warps=num_warps,
+        num_reqs, num_tokens, EPS=eps, CAP=state_cache.shape[1], num_warps=num_warps,
     )
 
 # The compressor peers' launch widths tried by seed_bench.py (--tune-warps):

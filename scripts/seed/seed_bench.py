@@ -15,7 +15,8 @@ Rows:
   code): V4 584 B insert, BF16-rows insert, FP8-rows insert, CR1
   save/compress/norm, and CR2 save/compress/norm (T one-token requests, T/2
   two-token requests and 4 requests of T/4, ring of 2 rows, the inputs of
-  `dsv4-kvcache bench`; the pooling's exp is semantics.md's, not tl.exp).
+  `dsv4-kvcache bench`; the pooling's exp is semantics.md's, not tl.exp; the
+  seed docstring's grid: a program per request, then one per pair of tokens).
   Skip with --no-baselines; a failing baseline is reported and skipped, it
   never stops the seed rows.
 

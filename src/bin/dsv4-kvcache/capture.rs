@@ -4,7 +4,7 @@ use crate::args::Opts;
 use crate::verify::describe_file;
 use crate::{CliError, CliResult};
 use dsv4_kvcache::layout::RecordLayout;
-use dsv4_kvcache::testkit::{make_case, make_gather_case, CaseSpec};
+use dsv4_kvcache::testkit::{make_case, make_gather_case, make_written_gather_case, CaseSpec};
 use dsv4_kvcache::vectors::Op;
 
 /// `dsv4-kvcache capture --op OP ... --out FILE`.
@@ -22,7 +22,7 @@ pub(crate) fn capture_cmd(args: &[String]) -> CliResult<()> {
             "out",
             "out-dtype",
         ],
-        &["sanitize", "adversarial"],
+        &["sanitize", "adversarial", "written"],
     )?;
     o.no_positional()?;
     let op_name = o
@@ -71,7 +71,17 @@ pub(crate) fn capture_cmd(args: &[String]) -> CliResult<()> {
                 )))
             }
         };
-        make_gather_case(&spec, out_f32)
+        // --written: the cache the bench's "gather L" rows read (every row
+        // a record the writer made), instead of random bytes.
+        if o.flag("written") {
+            make_written_gather_case(&spec, out_f32)
+        } else {
+            make_gather_case(&spec, out_f32)
+        }
+    } else if o.flag("written") {
+        return Err(CliError::Usage(
+            "--written applies to --op gather_dequant only".into(),
+        ));
     } else {
         make_case(&spec)
     };

@@ -7,7 +7,7 @@
 //! dsv4-kvcache bench   [--backend auto|cpu|cuda|hip] [--tokens 1,16,128] [--only insert,fused] [--out FILE.json]
 //! dsv4-kvcache soak    [--backend auto|cpu|cuda|hip] [--steps N] [--duration SECONDS] [--seed S]
 //! dsv4-kvcache capture --op OP [--layout L] [--cr N] [--tokens T] [--requests R] [--seed S]
-//!                      [--sanitize] [--adversarial] --out FILE.safetensors
+//!                      [--sanitize] [--adversarial] [--written] --out FILE.safetensors
 //! ```
 //!
 //! Exit status: 0 on success, 1 when a check failed (a byte differs from the
@@ -54,9 +54,11 @@ usage:
       label contains a NAME ('insert nvfp4', 'compress CR2', 'fused CR1 v4', 'host')
   dsv4-kvcache capture --op OP [--layout v4|mxfp8|nvfp4|bf16|fp8] [--cr 1|2] [--tokens T]
                        [--requests R] [--ring-capacity C] [--seed S] [--sanitize] [--adversarial]
-                       --out FILE.safetensors
+                       [--written] [--out-dtype bf16|f32] --out FILE.safetensors
       write a test-vector file whose outputs come from the CPU reference
-      (OP: rope_quant_insert, fused_save_compress_norm, save_ring_rows, fused_compress_insert)
+      (OP: rope_quant_insert, fused_save_compress_norm, save_ring_rows, fused_compress_insert,
+      gather_dequant; --requests 0 gathers by slot, --written fills the gather's cache with
+      records the writer made, as the bench's 'gather L' rows do, instead of random bytes)
 
 environment: DSV4_KVCACHE_SANITIZE=auto|on|off (NaN sanitizing; auto = on for gfx950 only)
 exit status: 0 ok, 1 a check failed, 2 usage error, unreadable file or unavailable backend";
