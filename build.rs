@@ -2,8 +2,9 @@
 //!
 //! * CUDA: `kernels-cuda/kvcache.cu` (the CUDA prelude + `kernels-hip/kvcache.hip`)
 //!   with nvcc into one fatbin holding SASS for every `DSV4_KVCACHE_CUDA_ARCHS` target.
-//! * HIP: `kernels-hip/kvcache.hip` with hipcc or a HIP-capable clang into one
-//!   AMDGPU code object (ELF, not an offload bundle) per `DSV4_KVCACHE_HIP_ARCHS` target.
+//! * HIP: `kernels-hip/kvcache.hip` (which includes every other kernel file) with
+//!   hipcc or a HIP-capable clang into one AMDGPU code object (ELF, not an offload
+//!   bundle) per `DSV4_KVCACHE_HIP_ARCHS` target.
 //!
 //! A compiler that is not found is not an error (the backend reports at run time
 //! that its kernels are missing and why) unless `DSV4_KVCACHE_REQUIRE_KERNELS=1`.

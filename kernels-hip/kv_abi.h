@@ -1,7 +1,7 @@
 // The launch interface between the host and the kernels, written once:
 // the parameter blocks every kernel takes by value, their flag bits and
 // constants, and the list of kernels. build.rs reads this file and generates
-// the Rust side from it (src/kernel_abi.rs includes the result): a
+// the Rust side from it (src/device/kernel_abi.rs includes the result): a
 // `#[repr(C)]` struct per parameter block, named without the `Kv` prefix,
 // with a `u64` for every pointer, and the `Kernel` enum from KV_KERNELS. It
 // also computes each field's offset and checks it at build time against
@@ -13,7 +13,7 @@
 #pragma once
 
 // ---- parameter blocks ----------------------------------------------------
-// Counts and strides are 32-bit (src/ops.rs checks they fit): on AMD every
+// Counts and strides are 32-bit (src/operations/ops.rs checks they fit): on AMD every
 // 64-bit kernel argument costs two scalar registers, and the fused kernels
 // carry both blocks. Pointers are device addresses; strides in elements
 // unless a comment says bytes.
@@ -94,7 +94,7 @@ struct KvFusedParams {
     KvInsertParams insert;      // the insert part (its latent is the compressor's)
 };
 
-// gather_dequant (src/gather.rs, kv_gather.h): the record each output row
+// gather_dequant (src/operations/gather/reference.rs, kv_gather.h): the record each output row
 // reads comes from slots (slot form) or block_table, cu_seq_lens and
 // seq_starts (block-table form, KV_GF_BLOCK_TABLE).
 struct KvGatherParams {
@@ -160,7 +160,7 @@ struct KvGatherParams {
 // Groups in a CR2 team and in a CR2 pair (the host sizes their blocks).
 #define KV_CR2_TEAM 4
 #define KV_CR2_PAIR 2
-// The largest block the host launches (src/kernel_abi.rs, BLOCK_THREADS).
+// The largest block the host launches (src/device/kernel_abi.rs, BLOCK_THREADS).
 #define KV_BLOCK_THREADS 256
 
 // ---- the kernels -----------------------------------------------------------

@@ -1,4 +1,4 @@
-// Bit-exact number formats, device side. Twin of src/formats.rs: every
+// Bit-exact number formats, device side. Twin of src/numerics/formats.rs: every
 // function here mirrors the Rust function of the same name without the
 // `kv_` prefix, operation for operation. Integer arithmetic on IEEE bits, so
 // no vendor conversion instruction (whose NaN and saturation rules differ)

@@ -1,6 +1,6 @@
 // The reader, gather_dequant: records gathered from a cache and written back
 // dequantized, BF16 or F32, one 512-value row per record. Twin of
-// src/gather.rs (GatherIn::locate, gather_reference); docs/layouts.md
+// src/operations/gather/reference.rs (GatherIn::locate, gather_reference); docs/layouts.md
 // ("Reading records back") defines which record each output row reads.
 //
 // Work split: a group of 32 lanes gathers one output row (or two
@@ -13,10 +13,13 @@
 // contiguous bytes of the record (the unit's 2 to 16 input bytes). No lane
 // talks to another, so nothing depends on the warp or wavefront width.
 //
-// Included by kvcache.hip after its helpers (kv_group, kv_page_row,
-// kv_load_index, kv_count) and kv_formats.h's decoders; the parameter block
+// The reader's device functions; its entry points are in kv_gather.hip.
+// The helpers it uses (kv_group, kv_page_row, kv_load_index, kv_count) are
+// kv_common.h's, the decoders kv_formats.h's; the parameter block
 // KvGatherParams and its flag bits are in kv_abi.h.
 #pragma once
+
+#include "kv_common.h"
 
 KV_DEVICE int64_t kv_gather_cu(const KvGatherParams& p, int64_t i) {
     return kv_load_index(p.cu_seq_lens, (p.flags & KV_GF_CU_I64) != 0u, i);
@@ -560,41 +563,3 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
         }
     }
 }
-
-#define KV_GATHER_KERNEL(name, LAYOUT, F32, FORM)                                     \
-    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvGatherParams p) { \
-        kv_gather<LAYOUT, F32, FORM>(p);                                              \
-    }
-
-// Every form and rows per group (flags), then the slot form with a row per
-// group, then with a row per two groups.
-KV_GATHER_KERNEL(kv_gather_v4_bf16, KV_LAYOUT_V4, false, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_v4_f32, KV_LAYOUT_V4, true, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_mxfp8_bf16, KV_LAYOUT_MXFP8, false, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_mxfp8_f32, KV_LAYOUT_MXFP8, true, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_nvfp4_bf16, KV_LAYOUT_NVFP4, false, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_nvfp4_f32, KV_LAYOUT_NVFP4, true, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_bf16_bf16, KV_LAYOUT_BF16, false, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_bf16_f32, KV_LAYOUT_BF16, true, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_fp8_bf16, KV_LAYOUT_FP8, false, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_fp8_f32, KV_LAYOUT_FP8, true, KV_GATHER_GENERAL)
-KV_GATHER_KERNEL(kv_gather_v4_bf16_slots, KV_LAYOUT_V4, false, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_v4_f32_slots, KV_LAYOUT_V4, true, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_mxfp8_bf16_slots, KV_LAYOUT_MXFP8, false, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_mxfp8_f32_slots, KV_LAYOUT_MXFP8, true, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_nvfp4_bf16_slots, KV_LAYOUT_NVFP4, false, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_nvfp4_f32_slots, KV_LAYOUT_NVFP4, true, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_bf16_bf16_slots, KV_LAYOUT_BF16, false, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_bf16_f32_slots, KV_LAYOUT_BF16, true, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_fp8_bf16_slots, KV_LAYOUT_FP8, false, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_fp8_f32_slots, KV_LAYOUT_FP8, true, KV_GATHER_SLOTS)
-KV_GATHER_KERNEL(kv_gather_v4_bf16_split, KV_LAYOUT_V4, false, KV_GATHER_SPLIT)
-KV_GATHER_KERNEL(kv_gather_v4_f32_split, KV_LAYOUT_V4, true, KV_GATHER_SPLIT)
-KV_GATHER_KERNEL(kv_gather_mxfp8_bf16_split, KV_LAYOUT_MXFP8, false, KV_GATHER_SPLIT)
-KV_GATHER_KERNEL(kv_gather_mxfp8_f32_split, KV_LAYOUT_MXFP8, true, KV_GATHER_SPLIT)
-KV_GATHER_KERNEL(kv_gather_nvfp4_bf16_split, KV_LAYOUT_NVFP4, false, KV_GATHER_SPLIT)
-KV_GATHER_KERNEL(kv_gather_nvfp4_f32_split, KV_LAYOUT_NVFP4, true, KV_GATHER_SPLIT)
-KV_GATHER_KERNEL(kv_gather_bf16_bf16_split, KV_LAYOUT_BF16, false, KV_GATHER_SPLIT)
-KV_GATHER_KERNEL(kv_gather_bf16_f32_split, KV_LAYOUT_BF16, true, KV_GATHER_SPLIT)
-KV_GATHER_KERNEL(kv_gather_fp8_bf16_split, KV_LAYOUT_FP8, false, KV_GATHER_SPLIT)
-KV_GATHER_KERNEL(kv_gather_fp8_f32_split, KV_LAYOUT_FP8, true, KV_GATHER_SPLIT)

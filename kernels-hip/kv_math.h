@@ -1,4 +1,4 @@
-// The shared math, device side. Twin of src/math.rs: each kv_name mirrors
+// The shared math, device side. Twin of src/numerics/math.rs: each kv_name mirrors
 // math::name operation for operation (build.rs turns off FP contraction, so
 // only kv_fmaf fuses). No libm: the kernels are built with -nogpulib.
 #pragma once

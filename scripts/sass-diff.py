@@ -4,8 +4,10 @@
     python3 scripts/sass-diff.py OLD.fatbin NEW.fatbin
 
 Runs `cuobjdump -sass` on both (an NVIDIA machine has it; the pip nvcc
-here does not), splits the listing by architecture and function, compares
-each function's listing exactly (instructions, encodings and offsets), and
+here does not, but the pip packages nvidia-cuda-cuobjdump and
+nvidia-cuda-nvdisasm do: put both nvidia/cu13/bin folders on PATH),
+splits the listing by architecture and function, compares each
+function's listing exactly (instructions, encodings and offsets), and
 prints one line per function: `same`, `changed`, `only old` or `only new`.
 Exits 1 when a function that both have differs.
 """
@@ -24,7 +26,10 @@ def functions(path):
     for line in out.splitlines():
         m = re.match(r"\s*arch = (sm_\d+\w*)", line)
         if m:
-            arch = m.group(1)
+            # The previous architecture's last function ends here.
+            if name:
+                funcs[(arch, name)] = "\n".join(body)
+            arch, name, body = m.group(1), None, []
             continue
         m = re.match(r"\s*Function : (\S+)", line)
         if m:

@@ -1,5 +1,5 @@
-//! The gather kernels' source (`kernels-hip/kv_gather.h`, through
-//! `kvcache.hip`) compiled for the host and run against the CPU reference,
+//! The gather kernels' source (`kernels-hip/kv_gather.hip` and `kv_gather.h`,
+//! through `kvcache.hip`) compiled for the host and run against the CPU reference,
 //! byte for byte, on the cases of `tests/gather_device.rs`: it checks the
 //! kernels' addressing, their shortcuts and their packing wherever no GPU
 //! is at hand. The kernels never talk across lanes, so running the grid's

@@ -1,6 +1,6 @@
 //! Every insert kernel (V4, MXFP8, NVFP4, BF16 rows and FP8 rows, a token
-//! per group and tile-major) compiled for the host from
-//! `kernels-hip/kvcache.hip` and run against the CPU reference, byte for
+//! per group and tile-major: `kernels-hip/kv_insert.hip`) compiled for the
+//! host from `kernels-hip/kvcache.hip` and run against the CPU reference, byte for
 //! byte, with their skip counts: the kernels' addressing (pages, rows, scale
 //! placement, row strides), the tile-major mapping, the insert rule's checks,
 //! the lanes' scale exchanges and the encoders' software paths, wherever no

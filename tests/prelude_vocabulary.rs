@@ -34,6 +34,21 @@ fn is_ident(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
+/// The kernel source files (`.h` and `.hip` in kernels-hip/, the prelude
+/// excepted), as paths relative to the crate root, sorted.
+fn kernel_sources() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels-hip");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| (n.ends_with(".h") || n.ends_with(".hip")) && n != "prelude.h")
+        .map(|n| format!("kernels-hip/{n}"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// Names a piece of source defines: `#define NAME`, the function of every
 /// `KV_DEVICE ... name(` line and the kernel of every `KV_KERNEL ... void
 /// name(` line.
@@ -163,13 +178,12 @@ fn cuda_and_hip_define_the_same_vocabulary() {
 fn kernels_use_only_names_they_or_both_preludes_define() {
     let (hipcc, freestanding, common) = hip_parts(&read("kernels-hip/prelude.h"));
     let cuda = defined_names(&read("kernels-cuda/prelude.cuh"));
-    let kernel_files = [
-        "kernels-hip/kvcache.hip",
-        "kernels-hip/kv_abi.h",
-        "kernels-hip/kv_formats.h",
-        "kernels-hip/kv_math.h",
-        "kernels-hip/kv_gather.h",
-    ];
+    // Every kernel file: all of kernels-hip/ but the prelude.
+    let kernel_files = kernel_sources();
+    assert!(
+        kernel_files.iter().any(|f| f == "kernels-hip/kvcache.hip"),
+        "kernels-hip/ holds no kvcache.hip: {kernel_files:?}"
+    );
     let texts: Vec<String> = kernel_files.iter().map(|f| read(f)).collect();
     let mut known: BTreeSet<String> = texts.iter().flat_map(|t| defined_names(t)).collect();
     // The CUDA entry file defines KV_PRELUDE_INCLUDED, which makes the

@@ -79,7 +79,7 @@ pub fn insert_kernel(layout: RecordLayout) -> Kernel {
 
 /// The tile-major insert kernel of a layout, where it has one: a block's
 /// tokens as NoPE tiles first, then their RoPE tiles, so that whole warps
-/// skip the RoPE work (see `kv_tile_of_thread` in kernels-hip/kvcache.hip).
+/// skip the RoPE work (see `kv_tile_of_thread` in kernels-hip/kv_insert.hip).
 /// Only layouts whose 16-dim tiles need no other lane have one.
 pub fn insert_tiles_kernel(layout: RecordLayout) -> Option<Kernel> {
     match layout {
@@ -525,7 +525,7 @@ mod tests {
     fn kernel_defines() -> Vec<(String, u64)> {
         const SOURCES: [&str; 3] = [
             include_str!("../../kernels-hip/kv_abi.h"),
-            include_str!("../../kernels-hip/kvcache.hip"),
+            include_str!("../../kernels-hip/kv_compress.h"),
             include_str!("../../kernels-hip/kv_gather.h"),
         ];
         SOURCES

@@ -1,7 +1,8 @@
 //! The device kernels embedded in this build of the library.
 //!
-//! `build.rs` compiles the one kernel source set (`kernels-hip/kvcache.hip`,
-//! included by `kernels-cuda/kvcache.cu` for nvcc) into
+//! `build.rs` compiles the one kernel source set (`kernels-hip/kvcache.hip`
+//! and the files it includes, included by `kernels-cuda/kvcache.cu` for nvcc)
+//! into
 //!
 //! * one CUDA fatbin with SASS for every target of `DSV4_KVCACHE_CUDA_ARCHS`
 //!   (default `sm_90,sm_100`), and

@@ -1,8 +1,8 @@
 //! The per-token computations of the reference, on plain arrays: what one
 //! token's latent and one token's record are. The CPU backend drives these
-//! over a batch; the kernels in `kernels-hip/kvcache.hip` compute the same
-//! thing with the twins in `kernels-hip/kv_formats.h` and
-//! `kernels-hip/kv_math.h`.
+//! over a batch; the kernels of `kernels-hip/` (`kvcache.hip` and the files
+//! it includes) compute the same thing with the twins in
+//! `kernels-hip/kv_formats.h` and `kernels-hip/kv_math.h`.
 
 // Index loops mirror the kernels lane by lane, which is the point of this file.
 #![allow(clippy::needless_range_loop)]

@@ -1,4 +1,4 @@
-// Runs the gather kernels of kernels-hip/kv_gather.h on the host for
+// Runs the gather kernels of kernels-hip/kv_gather.hip on the host for
 // tests/gather_host_kernels.rs, one work-item after the other (they never
 // talk across lanes); the launch protocol is harness.h's.
 #include "prelude_host.h"

@@ -1,0 +1,527 @@
+// The compressor (fused_save_compress_norm) as device functions: the RMS
+// norm, the CR1 item, the CR2 items alone or in teams (pooling, ring
+// stores, the norm and the latent's emission) and the per-launch dispatch
+// (kv_compress, kv_compress_cr2_team) that the plain and the fused entry
+// points call. The fused kernels insert each latent through kv_record.h.
+#pragma once
+
+#include "kv_record.h"
+
+// ---- the norm: math::sum_squares_512 / inv_rms_512 / norm_scale ----------
+
+// Lane l holds v[16 l .. 16 l + 16) and w, its 16 BF16 weights (loaded by
+// the caller with its first reads, not after them): squares folded by halves
+// inside the lane, then a butterfly over the 32 lanes; every lane ends with
+// the sum.
+KV_DEVICE void kv_rms_norm16(const float v[16], const KvBf16x16& w, float eps, uint16_t out[16]) {
+    float a[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) a[j] = v[j] * v[j];
+    // Folds written out: a run-time fold distance would index `a` dynamically
+    // and push it to local memory.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = a[j] + a[j + 8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = a[j] + a[j + 4];
+    a[0] = a[0] + a[2];
+    a[1] = a[1] + a[3];
+    a[0] = a[0] + a[1];
+    float s = a[0];
+    s = s + kv_shfl_xor(s, 16);
+    s = s + kv_shfl_xor(s, 8);
+    s = s + kv_shfl_xor(s, 4);
+    s = s + kv_shfl_xor(s, 2);
+    s = s + kv_shfl_xor(s, 1);
+    // A division, although s * 2^-9 gives the same bits: compress CR1 ran
+    // slower with the product (docs/tuning.md, Kernels).
+    float var = kv_divf(s, 512.0f);
+    float inv = kv_divf(1.0f, kv_sqrtf(var + eps));
+#pragma unroll
+    for (int j = 0; j < 16; ++j) out[j] = kv_bf16_from_f32((v[j] * inv) * kv_bf16x16_get(w, j));
+}
+
+// ---- fused_save_compress_norm ----------------------------------------------
+
+// What a compress item does with the latent of token t it produced: store
+// it, and in the fused kernels insert it. The item passes the token's
+// position (one tensor serves the compressor and the insert), so only the
+// cache slot is read here.
+template <bool FUSED, int LAYOUT>
+KV_DEVICE void kv_emit_latent(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, unsigned lane,
+                              const uint16_t out[16], int64_t pos) {
+    if (!FUSED || (c.flags & KV_F_WRITE_LATENT)) kv_store16h(c.latent + t * 512 + 16 * lane, out);
+    if (FUSED) {
+        int64_t slot = kv_load_index(ins->slots, (ins->flags & KV_F_SLOT_I64) != 0u, t);
+        if (slot < 0) return;
+        // The scale only for a slot that is written: the one-group fused CR2
+        // kernels sit at AMD's scalar-register limit.
+        float fp8_scale = kv_load_fp8_scale<LAYOUT>(*ins);
+        int64_t base;
+        if (kv_insert_check<false>(*ins, slot, pos, lane, &base))
+            kv_write_record<LAYOUT, false>(*ins, slot, base, lane, out, fp8_scale);
+    }
+}
+
+template <bool FUSED, int LAYOUT>
+KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t) {
+    unsigned lane = kv_lane();
+    // Row, weights and slot in one round trip.
+    float v[16];
+    KvBf16x16 w;
+    kv_loadNf<16>(c.kv_score + t * c.kv_row_stride + 16 * lane, v);
+    kv_load_bf16x16(c.weight + 16 * lane, &w);
+    int64_t pos = FUSED ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t) : 0;
+    if (kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t) < 0) return;
+    uint16_t out[16];
+    kv_rms_norm16(v, w, c.eps, out);
+    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out, pos);
+}
+
+// ---- CR2 items, alone or in teams -----------------------------------------
+//
+// A CR2 item's pooling (an exp and an IEEE division per dim) is a long
+// dependent chain per lane, and at decode sizes, with one item per SM, that
+// chain is most of the kernel's time. Small launches therefore give each item
+// a team of KV_CR2_TEAM groups (one block): each lane pools 16 / KV_CR2_TEAM
+// dims (kv_part_offset), the pooled values meet in shared memory, and group 0
+// norms and emits them exactly as a lone group does (the sum order of the
+// norm is unchanged). TEAM = 1 is the lone group.
+//
+// Large decode batches of one-token requests run pairs of groups instead:
+// a block of 64 threads, one AMD wavefront, with half the idle lanes of a
+// team of four while group 0 norms and emits, so more items run at once
+// (see LaunchPolicy::cr2_shape for the measured ranges).
+
+// KV_CR2_TEAM and KV_CR2_PAIR are in kv_abi.h (the host sizes the blocks).
+
+// A lane's part (N = 16 / TEAM dims) of the kv and score halves of a row.
+template <int N>
+struct KvRowPart {
+    float kv[N];
+    float s[N];
+};
+
+// A lane of a team: its group, and its lane in the group.
+struct KvTeamLane {
+    unsigned g;  // group in the team
+    unsigned l;  // lane in the group
+};
+
+// Where a team lane's part of N = 16 / TEAM dims starts in a 512-dim half.
+// Group g holds the g-th TEAM-th of the half, lane l the l-th N of that,
+// so that a group's loads and stores cover contiguous bytes. Only group 0's
+// norm needs lane l to hold dims [16 l, 16 l + 16), and it reads them from
+// the team's shared memory. NORM_ORDER: lane l's own 16 dims, group (here:
+// half) g the g-th N of them, for a lone group pooling by halves.
+template <int TEAM, bool NORM_ORDER = false>
+KV_DEVICE unsigned kv_part_offset(KvTeamLane tl) {
+    return NORM_ORDER ? 16u * tl.l + (16u / TEAM) * tl.g : (16u / TEAM) * tl.l + (512u / TEAM) * tl.g;
+}
+
+// Counts once per item (team lane 0).
+KV_DEVICE void kv_team_count(unsigned* counters, int which, KvTeamLane tl) {
+    if (tl.g == 0u) kv_count(counters, which, tl.l);
+}
+
+template <int TEAM, bool NORM_ORDER = false>
+KV_DEVICE void kv_load_row_part(const float* row, KvTeamLane tl, KvRowPart<16 / TEAM>* r) {
+    unsigned o = kv_part_offset<TEAM, NORM_ORDER>(tl);
+    kv_loadNf<16 / TEAM>(row + o, r->kv);
+    kv_loadNf<16 / TEAM>(row + 512 + o, r->s);
+}
+
+template <int TEAM, bool NORM_ORDER = false>
+KV_DEVICE void kv_store_row_part(float* row, KvTeamLane tl, const KvRowPart<16 / TEAM>& r) {
+    unsigned o = kv_part_offset<TEAM, NORM_ORDER>(tl);
+    kv_storeNf<16 / TEAM>(row + o, r.kv);
+    kv_storeNf<16 / TEAM>(row + 512 + o, r.s);
+}
+
+// Pools a lane's part of N dims: every dim's exp first, then the
+// divisions: on NVIDIA each IEEE division ends in a branch (its range
+// check), and a dim's exp after one would wait for it (teams and lone
+// groups both run faster in this order; docs/tuning.md, Kernels).
+template <int N>
+KV_DEVICE void kv_pool_part(const KvRowPart<N>& older, const KvRowPart<N>& newer, float v[N]) {
+    float den[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+        kv_pool2_terms(older.kv[j], older.s[j], newer.kv[j], newer.s[j], &v[j], &den[j]);
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = kv_divf(v[j], den[j]);
+}
+
+// Norms lane l's 16 pooled dims and emits the latent of token t (at
+// position `pos`). The weights are loaded here, not with the rows: the CR2
+// kernels are limited by how many groups their registers let run at once,
+// and the weights (1 KB, shared by every token) come from cache. (Issuing
+// them, and the insert's slot, with the rows' reads was no faster:
+// docs/tuning.md, Kernels.)
+template <bool FUSED, int LAYOUT>
+KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
+                            unsigned lane, const float v[16]) {
+    KvBf16x16 w;
+    kv_load_bf16x16(c.weight + 16 * lane, &w);
+    uint16_t out[16];
+    kv_rms_norm16(v, w, c.eps, out);
+    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out, pos);
+}
+
+// Pools (older, newer) over the team, then group 0 norms and emits the latent
+// of token t (at position `pos`). A team meets at one barrier, so every lane
+// of the block must call this (the callers' conditions are the same for the
+// whole item). The steps of kv_pool_part and kv_norm_emit (the weights'
+// load after the pooling included) are written out here: through the
+// helpers nvcc schedules five fused team and pair kernels differently (the
+// same instructions), and this form keeps the SASS that was measured.
+template <bool FUSED, int LAYOUT, int TEAM>
+KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
+                                 KvTeamLane tl, const KvRowPart<16 / TEAM>& older,
+                                 const KvRowPart<16 / TEAM>& newer, float* pooled) {
+    constexpr int N = 16 / TEAM;
+    float v[16], den[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+        kv_pool2_terms(older.kv[j], older.s[j], newer.kv[j], newer.s[j], &v[j], &den[j]);
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = kv_divf(v[j], den[j]);
+    if (TEAM > 1) {
+        kv_storeNf<N>(pooled + kv_part_offset<TEAM>(tl), v);
+        kv_sync();
+        if (tl.g != 0u) return;
+        kv_loadNf<16>(pooled + 16u * tl.l, v);
+    }
+    KvBf16x16 w;
+    kv_load_bf16x16(c.weight + 16 * tl.l, &w);
+    uint16_t out[16];
+    kv_rms_norm16(v, w, c.eps, out);
+    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, tl.l, out, pos);
+}
+
+// The long-chunk kernels' lone group pools its 16 dims in two halves of 8
+// (the dims a pair's two groups would hold), reading each half's rows just
+// before pooling it: at most 32 row values live at once instead of 64, so
+// the kernel fits 64 registers (four blocks per SM on sm_90) without
+// spilling. The halves' values land where the one-pass order puts them.
+template <bool FUSED, int LAYOUT>
+KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t,
+                                        int64_t pos, unsigned lane, const float* older, const float* newer) {
+    float v[16];
+#pragma unroll
+    for (unsigned h = 0; h < 2u; ++h) {
+        const KvTeamLane hl = {h, lane};
+        KvRowPart<8> o, n;
+        kv_load_row_part<2, true>(older, hl, &o);
+        kv_load_row_part<2, true>(newer, hl, &n);
+        kv_pool_part<8>(o, n, v + 8 * h);
+    }
+    kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, lane, v);
+}
+
+// Whether the request item of chunk [start, end) (end as query_start_loc
+// holds it) pools the group its second token closes, given the first
+// token's slot and position: in a chunk of exactly two tokens whose first
+// token closes no group (decode with one speculative token), the request
+// item, which reads both rows for the ring anyway, pools the second token
+// too. The token item of the second token tests the same, on the same
+// values, and leaves it to the request item. Only in the OWN2 kernels
+// (kv_compress_cr2_team_mtp, kv_compress_cr2_pair_mtp,
+// kv_fused_cr2_team_mtp_*), which screened launches of more than one
+// multi-token request in four run (launch::Cr2Shape::multi_token):
+// built into every team kernel, the longer request item slows one-token
+// decode (docs/tuning.md, Kernels), and the lone groups'
+// fused kernels spill with the second row live (80 registers).
+KV_DEVICE bool kv_cr2_owns_second(int64_t start, int64_t end, int64_t slot0, int64_t pos0) {
+    return end - start == 2 && slot0 >= 0 && (pos0 < 0 || (pos0 & 1) == 0);
+}
+
+// CR2 token item: the group that token t closes inside its chunk. HALVES:
+// a lone group pooling by halves (kv_pool_halves_norm_emit). CHECK: only
+// the checks; the position of a token that closes a group goes to
+// *closing, which the caller set to -1.
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool CHECK = false, bool OWN2 = false>
+KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
+                                 float* pooled, int64_t* closing = 0) {
+    // Slot, position and request in one round trip (the request index is
+    // read even for tokens the position check then drops: 4 or 8 bytes
+    // against a round trip on every pooled token).
+    int64_t slot = kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t);
+    int64_t pos = kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t);
+    int64_t r = kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, t);
+    // The previous token's slot and position, for kv_cr2_owns_second.
+    const bool prev_known = OWN2 && t > 0;
+    int64_t slot_p = prev_known ? kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t - 1) : -1;
+    int64_t pos_p = prev_known ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t - 1) : 0;
+    if (slot < 0) return;
+    if (pos < 0) {
+        kv_team_count(c.counters, KV_COUNT_POS, tl);
+        return;
+    }
+    if ((pos & 1) == 0) return;
+    if (r < 0 || r >= c.num_reqs) {
+        kv_team_count(c.counters, KV_COUNT_INDEX, tl);
+        return;
+    }
+    bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
+    int64_t start = kv_load_index(c.qsl, q64, r);
+    int64_t end = kv_load_index(c.qsl, q64, r + 1);
+    // start < 0: a malformed chunk; t - 1 below would read before kv_score.
+    if (start < 0 || !(start <= t && t < end)) {
+        kv_team_count(c.counters, KV_COUNT_INDEX, tl);
+        return;
+    }
+    if (t == start) return;  // the request item owns a chunk's first token
+    // ... and the second of a chunk of two, where the first closes no group.
+    if (prev_known && kv_cr2_owns_second(start, end, slot_p, pos_p)) return;
+    if (CHECK) {
+        *closing = pos;
+        return;
+    }
+    if (HALVES) {
+        kv_pool_halves_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, tl.l, c.kv_score + (t - 1) * c.kv_row_stride,
+                                                c.kv_score + t * c.kv_row_stride);
+        return;
+    }
+    KvRowPart<16 / TEAM> older, newer;
+    kv_load_row_part<TEAM>(c.kv_score + (t - 1) * c.kv_row_stride, tl, &older);
+    kv_load_row_part<TEAM>(c.kv_score + t * c.kv_row_stride, tl, &newer);
+    kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, t, pos, tl, older, newer, pooled);
+}
+
+// Stores a team lane's part of a row to the ring row of `slot` (>= 0), or
+// counts a slot outside the ring.
+template <int TEAM>
+KV_DEVICE void kv_ring_store_part(const KvCompressParams& c, int64_t slot, KvTeamLane tl,
+                                  const KvRowPart<16 / TEAM>& v) {
+    int64_t row;
+    int64_t blk = kv_page_row(slot, c.ring_capacity, c.ring_shift, &row);
+    if (blk >= c.ring_blocks) {
+        kv_team_count(c.counters, KV_COUNT_SLOT, tl);
+        return;
+    }
+    kv_store_row_part<TEAM>(c.ring + blk * c.ring_block_stride + row * c.ring_row_stride, tl, v);
+}
+
+// CR2 request item: the group the chunk's first token closes with its
+// predecessor (prev_rows or ring), then the ring stores. Each lane reads and
+// writes only its own dims, and a ring row is read before any store that
+// could overwrite it (the same row only when the capacity is 1), so nothing
+// races (with HALVES, each half's older row is read before that half's
+// store).
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false>
+KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
+                                   float* pooled) {
+    bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
+    bool s64 = (c.flags & KV_F_SLOT_I64) != 0u;
+    const bool has_prev = (c.flags & KV_F_HAS_PREV) != 0u;
+    // The chunk and the prev_rows index in one round trip.
+    int64_t start64 = kv_load_index(c.qsl, q64, r);
+    int64_t end64 = kv_load_index(c.qsl, q64, r + 1);
+    int64_t j = has_prev ? kv_load_index(c.prev_idx, (c.flags & KV_F_PRI_I64) != 0u, r) : -1;
+    // A chunk of two, by query_start_loc's end as the token items see it
+    // (not past n, so the clamp below leaves it).
+    const bool two = OWN2 && start64 >= 0 && end64 - start64 == 2 && end64 <= c.n;
+    if (end64 > c.n) end64 = c.n;
+    if (start64 < 0 || start64 >= end64) return;
+    // Now 0 <= start < end <= n < 2^31: 32-bit from here on (registers).
+    const int32_t start = (int32_t)start64;
+    const int32_t end = (int32_t)end64;
+    int64_t slot_f = kv_load_index(c.slots, s64, start);
+    int64_t pos = kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, start);
+    int64_t owner = kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, start);
+    // The second token's, for kv_cr2_owns_second.
+    int64_t slot_s = two ? kv_load_index(c.slots, s64, start + 1) : -1;
+    int64_t pos_s = two ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, start + 1) : -1;
+    int64_t owner_s = two ? kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, start + 1) : -1;
+    if (slot_f < 0) return;
+    // The second token's group, where the token item leaves it to this item
+    // (all of its own checks pass; kv_cr2_owns_second); it excludes the
+    // first token's (older, below: an odd position). Its position then
+    // stands for the first token's, which no longer matters.
+    const bool own2 = two && kv_cr2_owns_second(start, end, slot_f, pos) && slot_s >= 0 && pos_s >= 0 &&
+                      (pos_s & 1) == 1 && owner_s == r;
+    const int64_t cap = c.ring_capacity;
+    int64_t row_f;
+    int64_t blk_f = kv_page_row(slot_f, cap, c.ring_shift, &row_f);
+    const float* older = 0;
+    if (pos >= 0 && (pos & 1) == 1 && owner == r) {
+        if (j >= 0) {
+            if (j >= c.prev_rows_n) {
+                kv_team_count(c.counters, KV_COUNT_INDEX, tl);
+            } else {
+                older = c.prev_rows + j * c.prev_row_stride;
+            }
+        } else {
+            int64_t prow;
+            kv_page_row(pos - 1, cap, c.ring_shift, &prow);
+            if (blk_f >= c.ring_blocks) {
+                kv_team_count(c.counters, KV_COUNT_SLOT, tl);
+            } else {
+                older = c.ring + blk_f * c.ring_block_stride + prow * c.ring_row_stride;
+            }
+        }
+    }
+    if (own2) pos = pos_s;
+    // The ring stores' first token (the chunk's last `capacity` tokens),
+    // set after the rows' reads are issued.
+    int32_t from;
+    if (HALVES) {
+        // The first token's ring row (in a chunk no longer than the ring),
+        // then per half: its rows, its ring store, its pooling. (The else
+        // branch repeats the ring-row test after its loads: a shared helper
+        // changed the SASS of every CR2 kernel that was measured.)
+        from = end - c.ring_capacity > start ? end - c.ring_capacity : start;
+        float* ring_first = 0;
+        if (!has_prev && from == start) {
+            if (blk_f >= c.ring_blocks) {
+                kv_team_count(c.counters, KV_COUNT_SLOT, tl);
+            } else {
+                ring_first = c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride;
+            }
+        }
+        float v[16];
+#pragma unroll
+        for (unsigned h = 0; h < 2u; ++h) {
+            const KvTeamLane hl = {h, tl.l};
+            KvRowPart<8> f, o;
+            kv_load_row_part<2, true>(c.kv_score + (int64_t)start * c.kv_row_stride, hl, &f);
+            if (older) kv_load_row_part<2, true>(older, hl, &o);
+            if (ring_first) kv_store_row_part<2, true>(ring_first, hl, f);
+            if (older) kv_pool_part<8>(o, f, v + 8 * h);
+        }
+        if (older) kv_norm_emit<FUSED, LAYOUT>(c, ins, start, pos, tl.l, v);
+    } else {
+        // The pooled group's (older, newer) rows in one round trip: the ring
+        // or prev_rows row and the first token's, or (own2) the first and
+        // the second token's. The rows' addresses are picked, not their
+        // values, so that one copy of the pooling and the norm serves both
+        // groups in the registers of one (a copy per group took gfx942's
+        // pair kernels from 50 to 84-90 VGPRs; selecting the values spilled
+        // on sm_90). The first row is also, in a chunk no longer than the
+        // ring, a ring store: that one goes out from registers, after the
+        // older row's read.
+        const float* first_row = c.kv_score + (int64_t)start * c.kv_row_stride;
+        KvRowPart<16 / TEAM> o, nw;
+        kv_load_row_part<TEAM>(own2 ? first_row + c.kv_row_stride : first_row, tl, &nw);
+        if (older || own2) kv_load_row_part<TEAM>(own2 ? first_row : older, tl, &o);
+        from = end - c.ring_capacity > start ? end - c.ring_capacity : start;
+        if (!has_prev && from == start) {
+            if (blk_f >= c.ring_blocks) {
+                kv_team_count(c.counters, KV_COUNT_SLOT, tl);
+            } else {
+                float* ring_row = c.ring + blk_f * c.ring_block_stride + row_f * c.ring_row_stride;
+                if (own2) {
+                    kv_store_row_part<TEAM>(ring_row, tl, o);
+                } else {
+                    kv_store_row_part<TEAM>(ring_row, tl, nw);
+                }
+            }
+        }
+        // The second row is the ring loop's only token (end = start + 2);
+        // it goes out from registers too.
+        if (own2 && !has_prev) kv_ring_store_part<TEAM>(c, slot_s, tl, nw);
+        // Group 0 goes on alone; the other groups are done with the pooling.
+        if (older || own2) {
+            kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw, pooled);
+        }
+    }
+    if (has_prev) return;
+    // The team's other groups still copy their parts of the ring rows: they
+    // returned from kv_pool_norm_emit above, not from this item.
+    for (int32_t u = own2 ? end : (from == start ? start + 1 : from); u < end; ++u) {
+        int64_t slot = kv_load_index(c.slots, s64, u);
+        if (slot < 0) continue;
+        int64_t row;
+        int64_t blk = kv_page_row(slot, cap, c.ring_shift, &row);
+        if (blk >= c.ring_blocks) {
+            kv_team_count(c.counters, KV_COUNT_SLOT, tl);
+            continue;
+        }
+        KvRowPart<16 / TEAM> v;
+        kv_load_row_part<TEAM>(c.kv_score + (int64_t)u * c.kv_row_stride, tl, &v);
+        kv_store_row_part<TEAM>(c.ring + blk * c.ring_block_stride + row * c.ring_row_stride, tl, v);
+    }
+}
+
+template <bool FUSED, int LAYOUT, bool HALVES = false>
+KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins, int cr) {
+    int64_t g = kv_group(c.flags);
+    if (cr == 1) {
+        if (g < c.n) kv_compress_cr1_item<FUSED, LAYOUT>(c, ins, g);
+        return;
+    }
+    KvTeamLane tl = {0u, kv_lane()};
+    if (g < c.num_reqs) {
+        kv_cr2_request_item<FUSED, LAYOUT, 1, HALVES>(c, ins, g, tl, 0);
+    } else if (g - c.num_reqs < c.n) {
+        kv_cr2_token_item<FUSED, LAYOUT, 1, HALVES>(c, ins, g - c.num_reqs, tl, 0);
+    }
+}
+
+// A team's shared memory, sized by the launch (launch::team_geometry):
+// one token's pooled values (512 floats) for a team item, and in a
+// screened launch (launch::screened_team_geometry) TEAM of them plus
+// the TEAM closing positions. Dynamic, so that only screened launches pay
+// for the larger size: on gfx942 (64 KB of LDS per CU) 8 KB per team would
+// cut the blocks a CU holds.
+extern KV_SHARED float kv_team_shared[];
+
+// A token block of a screened team launch (KV_F_SCREEN_TOKENS: decode
+// batches of many requests), covering TEAM tokens: group g checks token
+// TEAM b + g, the team pools those that close a group one after the other
+// (none for one-token requests, whose first tokens the request items pool),
+// each into its own buffer, and then each closing token's group norms and
+// emits it, the groups at once. A quarter of the token blocks (a half in
+// pairs), each as long as a token item until a second of its tokens closes
+// a group. The closing positions and the loop bounds are the same for the
+// whole block, so every lane meets every barrier.
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2>
+KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParams* ins, int64_t b, KvTeamLane tl,
+                                  float* pooled) {
+    int64_t* closing = (int64_t*)(pooled + TEAM * 512);
+    const int64_t t0 = b * TEAM;
+    const int64_t t = t0 + tl.g;
+    // Each group counts its own token's faults.
+    const KvTeamLane own = {0u, tl.l};
+    int64_t pos = -1;
+    if (t < c.n) kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, true, OWN2>(c, ins, t, own, 0, &pos);
+    if (tl.l == 0u) closing[tl.g] = pos;
+    kv_sync();
+    bool any = false;
+#pragma unroll 1
+    for (unsigned k = 0; k < (unsigned)TEAM; ++k) {
+        if (closing[k] < 0) continue;
+        any = true;
+        int64_t tk = t0 + k;
+        KvRowPart<16 / TEAM> older, newer;
+        kv_load_row_part<TEAM>(c.kv_score + (tk - 1) * c.kv_row_stride, tl, &older);
+        kv_load_row_part<TEAM>(c.kv_score + tk * c.kv_row_stride, tl, &newer);
+        float v[16 / TEAM];
+        kv_pool_part<16 / TEAM>(older, newer, v);
+        kv_storeNf<16 / TEAM>(pooled + 512u * k + kv_part_offset<TEAM>(tl), v);
+    }
+    if (!any) return;
+    kv_sync();
+    if (pos < 0) return;
+    float v[16];
+    kv_loadNf<16>(pooled + 512u * tl.g + 16u * tl.l, v);
+    kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, tl.l, v);
+}
+
+// One CR2 item per block of TEAM groups (see "CR2 items, alone or in
+// teams"), or in a screened launch TEAM tokens (kv_cr2_token_block). Every
+// lane of the block handles the same item, so the control flow up to the
+// team's barriers is the same for all of them.
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false>
+KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
+    float* pooled = kv_team_shared;
+    int64_t item = kv_bid();
+    KvTeamLane tl = {kv_tid() / KV_GROUP_LANES, kv_lane()};
+    if (item < c.num_reqs) {
+        kv_cr2_request_item<FUSED, LAYOUT, TEAM, false, OWN2>(c, ins, item, tl, pooled);
+    } else if (c.flags & KV_F_SCREEN_TOKENS) {
+        kv_cr2_token_block<FUSED, LAYOUT, TEAM, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
+    } else if (item - c.num_reqs < c.n) {
+        kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, false, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
+    }
+}

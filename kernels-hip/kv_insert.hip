@@ -1,0 +1,69 @@
+// Entry points of rope_quant_insert, a token per group and tile-major.
+// All entry points: KV_KERNELS in kv_abi.h.
+#include "kv_record.h"
+
+template <int LAYOUT, bool TILES>
+KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile) {
+    // The latent row is loaded with the indices (t < n, so it exists): a
+    // skipped token costs 1 KB of reads, a written one a round trip less.
+    uint16_t h[16];
+    const uint16_t* row = p.latent + t * p.latent_row_stride;
+    kv_load16h(row + 16 * tile, h);
+    // V4: the lane's RoPE pair (dims 448 + 2 lane, 449 + 2 lane) from the
+    // same row, a cached 4-byte load in place of eight shuffles (rows are
+    // 16-byte aligned, so the word is aligned).
+    uint32_t pair = LAYOUT == KV_LAYOUT_V4 ? *(const uint32_t*)(row + 448 + 2 * tile) : 0u;
+    float fp8_scale = kv_load_fp8_scale<LAYOUT>(p);
+    int64_t slot = kv_load_index(p.slots, (p.flags & KV_F_SLOT_I64) != 0u, t);
+    int64_t pos = kv_load_index(p.positions, (p.flags & KV_F_POS_I64) != 0u, t);
+    int64_t base;
+    if (!kv_insert_check<TILES>(p, slot, pos, tile, &base)) return;
+    kv_write_record<LAYOUT, TILES, LAYOUT == KV_LAYOUT_V4>(p, slot, base, tile, h, fp8_scale, pair);
+}
+
+// Tile-major: a block's G tokens (G = its groups) as 28 G NoPE tiles, token
+// by token, then their 4 G RoPE tiles. Only the RoPE tiles read cos/sin and
+// run the two-step rotation, so with this order whole warps / wavefronts are
+// NoPE and take one path; with a token per group every warp would run both.
+// For layouts whose tiles need no other lane (NVFP4, BF16 and FP8 rows).
+KV_DEVICE void kv_tile_of_thread(uint32_t flags, int64_t* t, unsigned* tile) {
+    uint32_t log2 = (flags >> KV_F_GROUPS_LOG2_SHIFT) & 7u;
+    uint32_t nope = 28u << log2;  // NoPE tiles in the block
+    uint32_t i = kv_tid();
+    uint32_t tok = i < nope ? i / 28u : (i - nope) >> 2;
+    *tile = i < nope ? i - 28u * tok : 28u + (i & 3u);
+    *t = (int64_t)((kv_bid() << log2) + tok);
+}
+
+#define KV_INSERT_KERNEL(name, LAYOUT)                                              \
+    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
+        int64_t t = kv_group(p.flags);                                              \
+        if (t < p.n) kv_insert_token<LAYOUT, false>(p, t, kv_lane());               \
+    }
+
+#define KV_INSERT_TILES_KERNEL(name, LAYOUT)                                        \
+    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
+        int64_t t;                                                                  \
+        unsigned tile;                                                              \
+        kv_tile_of_thread(p.flags, &t, &tile);                                      \
+        if (t < p.n) kv_insert_token<LAYOUT, true>(p, t, tile);                     \
+    }
+
+KV_INSERT_KERNEL(kv_insert_v4, KV_LAYOUT_V4)
+KV_INSERT_KERNEL(kv_insert_mxfp8, KV_LAYOUT_MXFP8)
+KV_INSERT_KERNEL(kv_insert_nvfp4, KV_LAYOUT_NVFP4)
+KV_INSERT_KERNEL(kv_insert_bf16, KV_LAYOUT_BF16)
+KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8)
+
+// The host runs these for CR1 launches above 2048 tokens (src/device/launch.rs,
+// insert_uses_tiles), and only for CR1: they skip the compress-ratio test.
+// At decode sizes a block's mixed warp runs both paths within one token's
+// latency, and with CR2 only every other token is usually written, while a
+// warp of tiles from several tokens does the full work when any one of them
+// is written (a token per group: a skipped token's warp simply ends). V4
+// gathers its RoPE pairs across a group's lanes and MXFP8 shares a scale
+// between two lanes (a shuffle, which every lane of a warp must join): both
+// keep a token per group always.
+KV_INSERT_TILES_KERNEL(kv_insert_nvfp4_tiles, KV_LAYOUT_NVFP4)
+KV_INSERT_TILES_KERNEL(kv_insert_bf16_tiles, KV_LAYOUT_BF16)
+KV_INSERT_TILES_KERNEL(kv_insert_fp8_tiles, KV_LAYOUT_FP8)

@@ -1,0 +1,277 @@
+// One token's record (rope_quant_insert's work, shared with the fused
+// kernels): the RoPE rotation, the FP8 and NVFP4 quantizers, the insert
+// rule's checks and kv_write_record, which encodes a tile of any layout.
+#pragma once
+
+#include "kv_common.h"
+
+// ---- rope_quant_insert: one token's record ---------------------------------
+
+// cos and sin of RoPE pairs 224 + 8 (k - 28) .. + 8, for RoPE tile k, from
+// row `base`.
+KV_DEVICE void kv_load_cos_sin8(const KvInsertParams& p, int64_t base, unsigned k, float c[8], float s[8]) {
+    int64_t k0 = 8 * (int64_t)(k - 28u);
+    if (p.flags & KV_F_COS_BF16) {
+        const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            c[j] = kv_bf16_to_f32(row[k0 + j]);
+            s[j] = kv_bf16_to_f32(row[32 + k0 + j]);
+        }
+    } else {
+        const float* row = (const float*)p.cos_sin + base * p.cos_row_stride;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            c[j] = row[k0 + j];
+            s[j] = row[32 + k0 + j];
+        }
+    }
+}
+
+// The rotated 16 dims of tile k (dims 16 k .. 16 k + 16) from the latent's
+// BF16 bits: NoPE tiles (k < 28) run the rotation with (c, s) = (1, 0),
+// RoPE tiles with the cos/sin row `base`.
+//
+// TILES (the tile-major inserts, where a warp's tiles are almost all of one
+// kind): NoPE tiles take their own path, one fma per value, and the BF16
+// bits are widened inside each path (those kernels sit at their register
+// limit). Otherwise (a token per group: lanes 28..31 of every warp rotate)
+// both kinds run the one sequence, NoPE lanes with constant (1, 0); two
+// paths would cost such a warp both.
+template <bool TILES>
+KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, const uint16_t h[16], float r[16]) {
+    float c[8], s[8];
+    if (TILES) {
+        if (k < 28u) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                kv_rope_nope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), &r[2 * j], &r[2 * j + 1]);
+            return;
+        }
+        kv_load_cos_sin8(p, base, k, c, s);
+    } else if (k >= 28u) {
+        kv_load_cos_sin8(p, base, k, c, s);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            c[j] = 1.0f;
+            s[j] = 0.0f;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        kv_rope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), c[j], s[j], &r[2 * j], &r[2 * j + 1]);
+}
+
+// cos and sin of RoPE pair 224 + k from row `base` (k < 32).
+KV_DEVICE void kv_cos_sin_at(const KvInsertParams& p, int64_t base, unsigned k, float* c, float* s) {
+    if (p.flags & KV_F_COS_BF16) {
+        const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
+        *c = kv_bf16_to_f32(row[k]);
+        *s = kv_bf16_to_f32(row[32 + k]);
+    } else {
+        const float* row = (const float*)p.cos_sin + base * p.cos_row_stride;
+        *c = row[k];
+        *s = row[32 + k];
+    }
+}
+
+// The BF16 bits of dims 448 + 2 lane (low half) and 449 + 2 lane (high half):
+// lane 28 + lane / 8 holds them as its pair lane % 8. Every lane offers each
+// of its eight pairs in turn and keeps the one it needs.
+KV_DEVICE uint32_t kv_gather_rope_pair(const uint16_t h[16], unsigned lane) {
+    unsigned src = 28u + (lane >> 3);
+    uint32_t got = 0u;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        uint32_t w = (uint32_t)h[2 * j] | ((uint32_t)h[2 * j + 1] << 16);
+        uint32_t v = kv_shfl_idx_u32(w, src);
+        got = (lane & 7u) == (unsigned)j ? v : got;
+    }
+    return got;
+}
+
+// NaN-ignoring max of |v| over 16 values, as a tree: the max is associative
+// and commutative (NaN only if all are), so this equals the sequential fold
+// of math.rs while cutting the dependent chain from 16 steps to 4. The
+// operands are absolute values, so the preludes' kv_fmax_nonneg applies.
+KV_DEVICE float kv_amax16(const float v[16]) {
+    float a[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = kv_fmax_nonneg(kv_fabs(v[j]), kv_fabs(v[j + 8]));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = kv_fmax_nonneg(a[j], a[j + 4]);
+    a[0] = kv_fmax_nonneg(a[0], a[2]);
+    a[1] = kv_fmax_nonneg(a[1], a[3]);
+    return kv_fmax_nonneg(a[0], a[1]);
+}
+
+// Quantizes 16 values of an FP8 block spread over `lanes_per_block` lanes
+// (V4: 4, MXFP8: 2) into their codes as words (kv_e4m3_words_from_f32_x16);
+// returns the block's UE8M0 byte (same on its lanes).
+KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, bool sanitize, uint32_t out[4]) {
+    float amax = kv_fmax_nonneg(KV_AMAX_FLOOR, kv_amax16(q));
+    for (int h = 1; h < lanes_per_block; h *= 2) amax = kv_fmax_nonneg(amax, kv_shfl_xor(amax, h));
+    int e = 0;
+    bool finite = kv_block_scale_exponent(amax * KV_INV_448, &e);
+    float mult = kv_block_scale_multiplier(finite, e);
+    float c[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) c[j] = kv_e4m3_nan_to_max(q[j] * mult);
+    kv_e4m3_words_from_f32_x16(c, out);
+    return kv_ue8m0_scale_byte(finite, e, sanitize);
+}
+
+// One NVFP4 tile (the lane's 16 dims): 8 bytes of e2m1 pairs; returns the
+// e4m3 scale byte.
+KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint8_t out[8]) {
+    float amax = kv_amax16(r);
+    float t = kv_min_nan_ignoring(kv_fmax_nonneg(amax * KV_INV_6, KV_NVFP4_SCALE_MIN), 448.0f);
+    uint8_t code = kv_e4m3_from_f32_nonnan(t);  // t is finite: in [2^-9, 448]
+    float scale, y;
+    kv_nvfp4_scale(code, &scale, &y);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        uint8_t lo = kv_e2m1_of_quotient(r[2 * k], scale, y);
+        uint8_t hi = kv_e2m1_of_quotient(r[2 * k + 1], scale, y);
+        out[k] = (uint8_t)(lo + (hi << 4));
+    }
+    return code;
+}
+
+KV_DEVICE float kv_sanitized(float v, bool sanitize) { return (sanitize && kv_isnan(v)) ? 0.0f : v; }
+
+// The insert rule's checks for token t, given its slot and position
+// (counting skips); on success sets the cos/sin row.
+// CR1_ONLY: the caller's launch is CR1 (the tile-major inserts), and the
+// compress-ratio test compiles away.
+template <bool CR1_ONLY>
+KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t pos, unsigned tile,
+                               int64_t* base_out) {
+    if (slot < 0) return false;
+    if (pos < 0) {
+        kv_count(p.counters, KV_COUNT_POS, tile);
+        return false;
+    }
+    // compress_ratio is 1 or 2 (validated): boundary iff (pos + 1) % cr == 0.
+    bool cr2 = !CR1_ONLY && p.compress_ratio == 2u;
+    if (cr2 && (pos & 1) == 0) return false;
+    int64_t base = cr2 ? (pos & ~(int64_t)1) : pos;
+    if (base >= p.cos_rows) {
+        kv_count(p.counters, KV_COUNT_POS, tile);
+        return false;
+    }
+    if (slot >= (int64_t)p.num_blocks * p.block_size) {
+        kv_count(p.counters, KV_COUNT_SLOT, tile);
+        return false;
+    }
+    *base_out = base;
+    return true;
+}
+
+// Writes token's record from its BF16 latent: the 16 dims of tile `tile`
+// (dims 16 tile .. 16 tile + 16). A group's lane l holds tile l; the
+// tile-major inserts below map threads to tiles differently, and V4, whose
+// RoPE pairs cross lanes, always runs on groups. FP8 rows take the
+// per-tensor scale the caller loaded with its first reads. PAIR_LOADED (V4
+// inserts, whose latent is in memory): `pair` is the lane's RoPE pair,
+// loaded with the latent, instead of gathered from the other lanes.
+template <int LAYOUT, bool TILES, bool PAIR_LOADED = false>
+KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t base, unsigned tile,
+                               const uint16_t h[16], float fp8_scale, uint32_t pair = 0u) {
+    const bool sanitize = (p.flags & KV_F_SANITIZE) != 0u;
+    // V4's RoPE pair first, while the latent is still packed: the fused CR2
+    // kernels sit at their register limit.
+    uint32_t v4_pair = LAYOUT != KV_LAYOUT_V4 ? 0u : PAIR_LOADED ? pair : kv_gather_rope_pair(h, tile);
+    float x[16], r[16];
+    if (LAYOUT == KV_LAYOUT_V4) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) x[j] = kv_bf16_to_f32(h[j]);
+    } else {
+        kv_rotate16<TILES>(p, base, tile, h, r);  // V4 rotates by pairs below
+    }
+    int64_t row;
+    int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
+    uint8_t* page = p.cache + block * p.block_stride;
+
+    if (LAYOUT == KV_LAYOUT_V4) {
+        uint8_t* values = page + row * 576;
+        uint8_t* scales = page + p.block_size * 576 + row * 8;
+        // NoPE: the unrotated latent, blocks of 64 dims = 4 lanes. Every lane
+        // joins the shuffles; lanes 0..27 write the FP8 part.
+        uint32_t q[4];
+        uint8_t sb = kv_quantize_fp8_part(x, 4, sanitize, q);
+        if (tile < 28u) {
+            kv_store16w(values + 16 * tile, q);
+            if ((tile & 3u) == 0u) scales[tile / 4u] = sb;
+        } else if (tile == 28u) {
+            scales[7] = 0;
+        }
+        // RoPE part: one GPT-J pair per lane (pair 224 + lane, dims
+        // 448 + 2 lane and 449 + 2 lane), gathered from lanes 28..31, which
+        // hold those dims, or loaded (PAIR_LOADED); one lane rotating 16 dims
+        // while the others waited was most of this kernel's time.
+        uint32_t rope = v4_pair;
+        float c, sn;
+        kv_cos_sin_at(p, base, tile, &c, &sn);
+        float re, ro;
+        kv_rope_pair(kv_bf16_to_f32((uint16_t)(rope & 0xffffu)), kv_bf16_to_f32((uint16_t)(rope >> 16)), c, sn,
+                     &re, &ro);
+        uint32_t out = (uint32_t)kv_bf16_from_f32(kv_sanitized(re, sanitize)) |
+                       ((uint32_t)kv_bf16_from_f32(kv_sanitized(ro, sanitize)) << 16);
+        *(uint32_t*)(values + 448 + 4 * tile) = out;
+    } else if (LAYOUT == KV_LAYOUT_MXFP8) {
+        uint8_t* values = page + row * 512;
+        uint8_t* scales = page + p.block_size * 512 + row * 16;
+        // A uniform branch: with sanitizing off (the default) the tile pays
+        // nothing for it.
+        if (sanitize) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) r[j] = kv_sanitized(r[j], sanitize);
+        }
+        uint32_t q[4];
+        uint8_t sb = kv_quantize_fp8_part(r, 2, sanitize, q);
+        kv_store16w(values + 16 * tile, q);
+        if ((tile & 1u) == 0u) scales[tile / 2u] = sb;
+    } else if (LAYOUT == KV_LAYOUT_NVFP4) {
+        uint8_t* values = page + row * 256;
+        uint8_t* scales = page + p.block_size * 256 + row * 32;
+        // No sanitizing pass: it cannot change an NVFP4 byte. A NaN and the
+        // +0 it would become both give code 0 and both leave the tile's
+        // NaN-ignoring amax alone (an all-NaN tile and an all-zero one both
+        // clamp to the 2^-9 scale). The parity tests cover both settings.
+        uint8_t q[8];
+        uint8_t sb = kv_quantize_nvfp4_tile(r, q);
+        kv_u32x2 w;
+        w.x = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+        w.y = (uint32_t)q[4] | ((uint32_t)q[5] << 8) | ((uint32_t)q[6] << 16) | ((uint32_t)q[7] << 24);
+        *(kv_u32x2*)(values + 8 * tile) = w;
+        scales[tile] = sb;
+    } else if (LAYOUT == KV_LAYOUT_BF16) {
+        uint16_t o[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) o[j] = kv_bf16_from_f32(r[j]);
+        kv_store16h((uint16_t*)(page + row * p.row_stride) + 16 * tile, o);
+    } else {
+        float inv = kv_divf(1.0f, fp8_scale);
+        uint32_t q[4];
+        float c[16];
+#pragma unroll
+        for (int j = 0; j < 16; j += 2) {
+            // The BF16 rounding's NaN is some NaN; kv_e4m3_nan_to_max maps
+            // every NaN product to 448.
+            float b0, b1;
+            kv_bf16_round_pair_any_nan(r[j], r[j + 1], &b0, &b1);
+            c[j] = kv_e4m3_nan_to_max(b0 * inv);
+            c[j + 1] = kv_e4m3_nan_to_max(b1 * inv);
+        }
+        kv_e4m3_words_from_f32_x16(c, q);
+        kv_store16w(page + row * p.row_stride + 16 * tile, q);
+    }
+}
+
+// FP8 rows' per-tensor scale (the plan guarantees it exists for that layout).
+template <int LAYOUT>
+KV_DEVICE float kv_load_fp8_scale(const KvInsertParams& p) {
+    return LAYOUT == KV_LAYOUT_FP8 ? *p.fp8_scale : 1.0f;
+}
