@@ -27,7 +27,7 @@ fn base<S: DevAddr>(b: &Bound<'_, S>) -> u64 {
 }
 
 /// A gather's pointer block.
-pub fn gather_ptrs<S: DevAddr>(t: &GatherTensors<'_, S>, counters: u64) -> GatherPtrs {
+pub fn gather_ptrs<S: DevAddr>(t: &GatherTensors<Bound<'_, S>>, counters: u64) -> GatherPtrs {
     GatherPtrs {
         cache: base(&t.kv_cache),
         slots: base(&t.slot_mapping),
@@ -41,7 +41,7 @@ pub fn gather_ptrs<S: DevAddr>(t: &GatherTensors<'_, S>, counters: u64) -> Gathe
 }
 
 /// The compressor's pointer block.
-pub fn compress_ptrs<S: DevAddr>(t: &CompressTensors<'_, S>, counters: u64) -> CompressPtrs {
+pub fn compress_ptrs<S: DevAddr>(t: &CompressTensors<Bound<'_, S>>, counters: u64) -> CompressPtrs {
     CompressPtrs {
         kv_score: base(&t.kv_score),
         positions: base(&t.positions),
@@ -58,7 +58,7 @@ pub fn compress_ptrs<S: DevAddr>(t: &CompressTensors<'_, S>, counters: u64) -> C
 }
 
 /// An insert's pointer block.
-pub fn insert_ptrs<S: DevAddr>(t: &InsertTensors<'_, S>, counters: u64) -> InsertPtrs {
+pub fn insert_ptrs<S: DevAddr>(t: &InsertTensors<Bound<'_, S>>, counters: u64) -> InsertPtrs {
     InsertPtrs {
         latent: base(&t.latent),
         positions: base(&t.positions),
@@ -71,14 +71,14 @@ pub fn insert_ptrs<S: DevAddr>(t: &InsertTensors<'_, S>, counters: u64) -> Inser
 }
 
 /// A `save_ring_rows` launch's three addresses (rows, slots, ring).
-pub fn ring_ptrs<S: DevAddr>(t: &RingTensors<'_, S>) -> (u64, u64, u64) {
+pub fn ring_ptrs<S: DevAddr>(t: &RingTensors<Bound<'_, S>>) -> (u64, u64, u64) {
     (base(&t.rows), base(&t.slot_mapping), base(&t.state_cache))
 }
 
 /// The fused insert part's pointer block; its latent is the compressor's
 /// output and its positions the compressor's (the parameter block links
 /// them).
-pub fn fused_insert_ptrs<S: DevAddr>(t: &FusedTensors<'_, S>, counters: u64) -> InsertPtrs {
+pub fn fused_insert_ptrs<S: DevAddr>(t: &FusedTensors<Bound<'_, S>>, counters: u64) -> InsertPtrs {
     InsertPtrs {
         latent: base(&t.compress.latent_out),
         positions: base(&t.compress.positions),

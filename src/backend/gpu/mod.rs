@@ -337,7 +337,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn compress_on<S: DevAddr>(
         &self,
         p: &CompressPlan,
-        t: &CompressTensors<'_, S>,
+        t: &CompressTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
     ) -> Result<()> {
@@ -350,7 +350,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn insert_on<S: DevAddr>(
         &self,
         p: &InsertPlan,
-        t: &InsertTensors<'_, S>,
+        t: &InsertTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
         sanitize: bool,
@@ -364,7 +364,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn ring_on<S: DevAddr>(
         &self,
         p: &RingRowsPlan,
-        t: &RingTensors<'_, S>,
+        t: &RingTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
     ) -> Result<()> {
@@ -378,7 +378,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn fused_on<S: DevAddr>(
         &self,
         p: &FusedPlan,
-        t: &FusedTensors<'_, S>,
+        t: &FusedTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
         sanitize: bool,
@@ -397,7 +397,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn gather_on<S: DevAddr>(
         &self,
         p: &GatherPlan,
-        t: &GatherTensors<'_, S>,
+        t: &GatherTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
     ) -> Result<()> {
@@ -457,7 +457,7 @@ impl<D: Driver> GpuBackend<D> {
     ) -> Result<()> {
         let p = plan_insert(args)?;
         let t = args.tensors();
-        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
+        let Some(c) = self.raw_checks(p.n, |f| t.each(|_, b| f(b)), raw_counters)? else {
             return Ok(());
         };
         self.insert_on(&p, &t, c, stream, sanitize)
@@ -477,7 +477,7 @@ impl<D: Driver> GpuBackend<D> {
     ) -> Result<()> {
         let p = plan_compress(args)?;
         let t = args.tensors();
-        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
+        let Some(c) = self.raw_checks(p.n, |f| t.each(|_, b| f(b)), raw_counters)? else {
             return Ok(());
         };
         self.compress_on(&p, &t, c, stream)
@@ -497,7 +497,7 @@ impl<D: Driver> GpuBackend<D> {
     ) -> Result<()> {
         let p = plan_ring_rows(args)?;
         let t = args.tensors();
-        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
+        let Some(c) = self.raw_checks(p.n, |f| t.each(|_, b| f(b)), raw_counters)? else {
             return Ok(());
         };
         self.ring_on(&p, &t, c, stream)
@@ -518,7 +518,7 @@ impl<D: Driver> GpuBackend<D> {
     ) -> Result<()> {
         let p = plan_fused(args)?;
         let t = args.tensors();
-        let Some(c) = self.raw_checks(p.compress.n, |f| t.each(f), raw_counters)? else {
+        let Some(c) = self.raw_checks(p.compress.n, |f| t.each(|_, b| f(b)), raw_counters)? else {
             return Ok(());
         };
         self.fused_on(&p, &t, c, stream, sanitize)
@@ -541,7 +541,7 @@ impl<D: Driver> GpuBackend<D> {
     ) -> Result<()> {
         let p = plan_gather(args)?;
         let t = args.tensors();
-        let Some(c) = self.raw_checks(p.n, |f| t.each(f), raw_counters)? else {
+        let Some(c) = self.raw_checks(p.n, |f| t.each(|_, b| f(b)), raw_counters)? else {
             return Ok(());
         };
         self.gather_on(&p, &t, c, stream)
@@ -632,7 +632,7 @@ impl<D: Driver> Backend for GpuBackend<D> {
     fn fused_save_compress_norm(&self, a: CompressArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_compress(&a)?;
         let t = a.tensors();
-        if !self.owned(p.n, |f| t.each(f))? {
+        if !self.owned(p.n, |f| t.each(|_, b| f(b)))? {
             return Ok(());
         }
         // SAFETY: the plan checked every view against its buffer's length,
@@ -643,7 +643,7 @@ impl<D: Driver> Backend for GpuBackend<D> {
     fn rope_quant_insert(&self, a: InsertArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_insert(&a)?;
         let t = a.tensors();
-        if !self.owned(p.n, |f| t.each(f))? {
+        if !self.owned(p.n, |f| t.each(|_, b| f(b)))? {
             return Ok(());
         }
         // SAFETY: as in `fused_save_compress_norm`.
@@ -653,7 +653,7 @@ impl<D: Driver> Backend for GpuBackend<D> {
     fn save_ring_rows(&self, a: RingArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_ring_rows(&a)?;
         let t = a.tensors();
-        if !self.owned(p.n, |f| t.each(f))? {
+        if !self.owned(p.n, |f| t.each(|_, b| f(b)))? {
             return Ok(());
         }
         // SAFETY: as in `fused_save_compress_norm`.
@@ -663,7 +663,7 @@ impl<D: Driver> Backend for GpuBackend<D> {
     fn fused_compress_insert(&self, a: FusedArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_fused(&a)?;
         let t = a.tensors();
-        if !self.owned(p.compress.n, |f| t.each(f))? {
+        if !self.owned(p.compress.n, |f| t.each(|_, b| f(b)))? {
             return Ok(());
         }
         // SAFETY: as in `fused_save_compress_norm`.
@@ -673,7 +673,7 @@ impl<D: Driver> Backend for GpuBackend<D> {
     fn gather_dequant(&self, a: GatherArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         let p = plan_gather(&a)?;
         let t = a.tensors();
-        if !self.owned(p.n, |f| t.each(f))? {
+        if !self.owned(p.n, |f| t.each(|_, b| f(b)))? {
             return Ok(());
         }
         // SAFETY: as in `fused_save_compress_norm`.
