@@ -650,8 +650,8 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(
             })?
         }
         DType::BF16 => RecordLayout::Bf16Rows,
-        // The table accepts no other element type.
-        _ => RecordLayout::Fp8Rows,
+        DType::F8E4M3 => RecordLayout::Fp8Rows,
+        _ => return Err(s.dtype_err(d)),
     };
     let esz = d.dtype.size();
     let (blocks, block_size, block_stride, row_stride);

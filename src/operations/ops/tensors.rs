@@ -72,11 +72,16 @@ impl Spec {
         if self.dtypes.contains(&d.dtype) {
             return Ok(());
         }
-        Err(Error::DType {
+        Err(self.dtype_err(d))
+    }
+
+    /// The [`Error::DType`] for `d`'s element type.
+    pub fn dtype_err(&self, d: &TensorDesc) -> Error {
+        Error::DType {
             arg: self.arg,
             got: d.dtype.to_string(),
             expected: self.expected(),
-        })
+        }
     }
 
     /// An [`Error::Shape`] unless the view's byte offset is a multiple of
