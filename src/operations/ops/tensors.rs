@@ -395,34 +395,6 @@ pub trait Operation {
     fn tensors<'b, 'a: 'b, S: ?Sized + 'a>(a: &'b Self::Args<'a, S>) -> Self::Of<Bound<'b, S>>;
 }
 
-/// The table-family half of an [`Operation`] impl, delegated to the table's
-/// own methods.
-macro_rules! family {
-    ($table:ident) => {
-        type Of<T> = $table<T>;
-        fn build<T, E>(
-            f: impl FnMut(&'static Spec) -> std::result::Result<T, E>,
-        ) -> std::result::Result<$table<T>, E> {
-            $table::build(f)
-        }
-        fn map<T, U>(t: $table<T>, f: impl FnMut(&'static Spec, T) -> U) -> $table<U> {
-            t.map(f)
-        }
-        fn as_mut<T>(t: &mut $table<T>) -> $table<&mut T> {
-            t.as_mut()
-        }
-        fn each<T, E>(
-            t: &$table<T>,
-            f: impl FnMut(&'static Spec, &T) -> std::result::Result<(), E>,
-        ) -> std::result::Result<(), E> {
-            t.each(f)
-        }
-        fn tensors<'b, 'a: 'b, S: ?Sized + 'a>(a: &'b Self::Args<'a, S>) -> $table<Bound<'b, S>> {
-            a.tensors()
-        }
-    };
-}
-
 /// A tensor the operation requires.
 fn need<'a, S: ?Sized>(s: &'static Spec, t: Option<TensorMut<'a, S>>) -> Result<TensorMut<'a, S>> {
     t.ok_or(Error::Missing {
@@ -436,32 +408,66 @@ fn ro<S: ?Sized>(t: TensorMut<'_, S>) -> Tensor<'_, S> {
     Tensor::new(t.buf, t.desc)
 }
 
-/// `rope_quant_insert`.
-#[derive(Debug)]
-pub enum InsertOp {}
+/// Declares an operation's marker type and its [`Operation`] impl: the
+/// table's walks delegated to the table, and `from_table`'s body, which
+/// sees the table as `$t`, the scalars as `$sc` and the declarations as
+/// `$s`.
+macro_rules! operation {
+    ($(#[$m:meta])* $op:ident = $name:literal: $args:ident, $table:ident, $specs:ident, $scalars:ty,
+     |$t:ident, $sc:pat_param, $s:ident| $body:expr) => {
+        $(#[$m])*
+        #[derive(Debug)]
+        pub enum $op {}
 
-impl Operation for InsertOp {
-    const NAME: &'static str = "rope_quant_insert";
-    type Args<'a, S: ?Sized + 'a> = InsertArgs<'a, S>;
-    /// `compress_ratio`.
-    type Scalars = u32;
-    family!(InsertTensors);
+        impl Operation for $op {
+            const NAME: &'static str = $name;
+            type Of<T> = $table<T>;
+            type Args<'a, S: ?Sized + 'a> = $args<'a, S>;
+            type Scalars = $scalars;
 
-    fn from_table<'a, S: ?Sized + 'a>(
-        t: InsertTensors<Option<TensorMut<'a, S>>>,
-        compress_ratio: u32,
-    ) -> Result<InsertArgs<'a, S>> {
-        let s = &INSERT;
-        Ok(InsertArgs {
-            latent: ro(need(&s.latent, t.latent)?),
-            positions: ro(need(&s.positions, t.positions)?),
-            slot_mapping: ro(need(&s.slot_mapping, t.slot_mapping)?),
-            cos_sin_cache: ro(need(&s.cos_sin_cache, t.cos_sin_cache)?),
-            kv_cache: need(&s.kv_cache, t.kv_cache)?,
-            compress_ratio,
-            fp8_scale: t.fp8_scale.map(ro),
-        })
-    }
+            fn build<T, E>(
+                f: impl FnMut(&'static Spec) -> std::result::Result<T, E>,
+            ) -> std::result::Result<$table<T>, E> {
+                $table::build(f)
+            }
+            fn map<T, U>(t: $table<T>, f: impl FnMut(&'static Spec, T) -> U) -> $table<U> {
+                t.map(f)
+            }
+            fn as_mut<T>(t: &mut $table<T>) -> $table<&mut T> {
+                t.as_mut()
+            }
+            fn each<T, E>(
+                t: &$table<T>,
+                f: impl FnMut(&'static Spec, &T) -> std::result::Result<(), E>,
+            ) -> std::result::Result<(), E> {
+                t.each(f)
+            }
+            fn tensors<'b, 'a: 'b, S: ?Sized + 'a>(a: &'b $args<'a, S>) -> $table<Bound<'b, S>> {
+                a.tensors()
+            }
+            fn from_table<'a, S: ?Sized + 'a>(
+                $t: $table<Option<TensorMut<'a, S>>>,
+                $sc: $scalars,
+            ) -> Result<$args<'a, S>> {
+                let $s = &$specs;
+                $body
+            }
+        }
+    };
+}
+
+operation! {
+    /// `rope_quant_insert`; its scalar is `compress_ratio`.
+    InsertOp = "rope_quant_insert": InsertArgs, InsertTensors, INSERT, u32,
+    |t, compress_ratio, s| Ok(InsertArgs {
+        compress_ratio,
+        latent: ro(need(&s.latent, t.latent)?),
+        positions: ro(need(&s.positions, t.positions)?),
+        slot_mapping: ro(need(&s.slot_mapping, t.slot_mapping)?),
+        cos_sin_cache: ro(need(&s.cos_sin_cache, t.cos_sin_cache)?),
+        kv_cache: need(&s.kv_cache, t.kv_cache)?,
+        fp8_scale: t.fp8_scale.map(ro),
+    })
 }
 
 /// `fused_save_compress_norm`'s scalars.
@@ -473,146 +479,103 @@ pub struct CompressScalars {
     pub compress_ratio: u32,
 }
 
-/// `fused_save_compress_norm`.
-#[derive(Debug)]
-pub enum CompressOp {}
-
-impl Operation for CompressOp {
-    const NAME: &'static str = "fused_save_compress_norm";
-    type Args<'a, S: ?Sized + 'a> = CompressArgs<'a, S>;
-    type Scalars = CompressScalars;
-    family!(CompressTensors);
-
-    fn from_table<'a, S: ?Sized + 'a>(
-        t: CompressTensors<Option<TensorMut<'a, S>>>,
-        c: CompressScalars,
-    ) -> Result<CompressArgs<'a, S>> {
-        let s = &COMPRESS;
-        Ok(CompressArgs {
-            kv_score: ro(need(&s.kv_score, t.kv_score)?),
-            positions: ro(need(&s.positions, t.positions)?),
-            slot_mapping: ro(need(&s.slot_mapping, t.slot_mapping)?),
-            rms_norm_weight: ro(need(&s.rms_norm_weight, t.rms_norm_weight)?),
-            rms_norm_eps: c.rms_norm_eps,
-            compress_ratio: c.compress_ratio,
-            latent_out: need(&s.latent_out, t.latent_out)?,
-            state_cache: t.state_cache,
-            query_start_loc: t.query_start_loc.map(ro),
-            token_to_req_indices: t.token_to_req_indices.map(ro),
-            prev_rows: t.prev_rows.map(ro),
-            prev_row_indices: t.prev_row_indices.map(ro),
-        })
-    }
+operation! {
+    /// `fused_save_compress_norm`.
+    CompressOp = "fused_save_compress_norm": CompressArgs, CompressTensors, COMPRESS, CompressScalars,
+    |t, c, s| Ok(CompressArgs {
+        rms_norm_eps: c.rms_norm_eps,
+        compress_ratio: c.compress_ratio,
+        kv_score: ro(need(&s.kv_score, t.kv_score)?),
+        positions: ro(need(&s.positions, t.positions)?),
+        slot_mapping: ro(need(&s.slot_mapping, t.slot_mapping)?),
+        rms_norm_weight: ro(need(&s.rms_norm_weight, t.rms_norm_weight)?),
+        latent_out: need(&s.latent_out, t.latent_out)?,
+        state_cache: t.state_cache,
+        query_start_loc: t.query_start_loc.map(ro),
+        token_to_req_indices: t.token_to_req_indices.map(ro),
+        prev_rows: t.prev_rows.map(ro),
+        prev_row_indices: t.prev_row_indices.map(ro),
+    })
 }
 
-/// `save_ring_rows`.
-#[derive(Debug)]
-pub enum RingOp {}
-
-impl Operation for RingOp {
-    const NAME: &'static str = "save_ring_rows";
-    type Args<'a, S: ?Sized + 'a> = RingArgs<'a, S>;
-    type Scalars = ();
-    family!(RingTensors);
-
-    fn from_table<'a, S: ?Sized + 'a>(
-        t: RingTensors<Option<TensorMut<'a, S>>>,
-        (): (),
-    ) -> Result<RingArgs<'a, S>> {
-        let s = &RING;
-        Ok(RingArgs {
-            rows: ro(need(&s.rows, t.rows)?),
-            slot_mapping: ro(need(&s.slot_mapping, t.slot_mapping)?),
-            state_cache: need(&s.state_cache, t.state_cache)?,
-        })
-    }
+operation! {
+    /// `save_ring_rows`.
+    RingOp = "save_ring_rows": RingArgs, RingTensors, RING, (),
+    |t, (), s| Ok(RingArgs {
+        rows: ro(need(&s.rows, t.rows)?),
+        slot_mapping: ro(need(&s.slot_mapping, t.slot_mapping)?),
+        state_cache: need(&s.state_cache, t.state_cache)?,
+    })
 }
 
-/// The fused compress + insert.
-#[derive(Debug)]
-pub enum FusedOp {}
-
-impl Operation for FusedOp {
-    const NAME: &'static str = "fused_compress_insert";
-    type Args<'a, S: ?Sized + 'a> = FusedArgs<'a, S>;
-    /// The compressor's, and `skip_latent_out`.
-    type Scalars = (CompressScalars, bool);
-    family!(FusedTensors);
-
-    fn from_table<'a, S: ?Sized + 'a>(
-        t: FusedTensors<Option<TensorMut<'a, S>>>,
-        (c, skip_latent_out): (CompressScalars, bool),
-    ) -> Result<FusedArgs<'a, S>> {
-        let (s, i) = (&FUSED_INSERT, t.insert);
-        Ok(FusedArgs {
-            compress: CompressOp::from_table(t.compress, c)?,
-            skip_latent_out,
-            cache_slot_mapping: ro(need(&s.cache_slot_mapping, i.cache_slot_mapping)?),
-            cos_sin_cache: ro(need(&s.cos_sin_cache, i.cos_sin_cache)?),
-            kv_cache: need(&s.kv_cache, i.kv_cache)?,
-            fp8_scale: i.fp8_scale.map(ro),
-        })
-    }
+operation! {
+    /// The fused compress + insert; its scalars are the compressor's and
+    /// `skip_latent_out`.
+    FusedOp = "fused_compress_insert": FusedArgs, FusedTensors, FUSED_INSERT, (CompressScalars, bool),
+    |t, (c, skip_latent_out), s| Ok(FusedArgs {
+        compress: CompressOp::from_table(t.compress, c)?,
+        skip_latent_out,
+        cache_slot_mapping: ro(need(&s.cache_slot_mapping, t.insert.cache_slot_mapping)?),
+        cos_sin_cache: ro(need(&s.cos_sin_cache, t.insert.cos_sin_cache)?),
+        kv_cache: need(&s.kv_cache, t.insert.kv_cache)?,
+        fp8_scale: t.insert.fp8_scale.map(ro),
+    })
 }
 
-/// `gather_dequant`.
-#[derive(Debug)]
-pub enum GatherOp {}
+operation! {
+    /// `gather_dequant`. The addressing form is the one whose tensors are
+    /// given: exactly one of `slot_mapping` and `block_table` with
+    /// `cu_seq_lens` (an [`Error::Value`] otherwise).
+    GatherOp = "gather_dequant": GatherArgs, GatherTensors, GATHER, (),
+    |t, (), s| Ok(GatherArgs {
+        index: gather_index(t.slot_mapping, t.block_table, t.cu_seq_lens, t.seq_starts)?,
+        kv_cache: ro(need(&s.kv_cache, t.kv_cache)?),
+        fp8_scale: t.fp8_scale.map(ro),
+        out: need(&s.out, t.out)?,
+    })
+}
 
-impl Operation for GatherOp {
-    const NAME: &'static str = "gather_dequant";
-    type Args<'a, S: ?Sized + 'a> = GatherArgs<'a, S>;
-    type Scalars = ();
-    family!(GatherTensors);
-
-    /// The addressing form is the one whose tensors are given: exactly one
-    /// of `slot_mapping` and `block_table` with `cu_seq_lens` (an
-    /// [`Error::Value`] otherwise).
-    fn from_table<'a, S: ?Sized + 'a>(
-        t: GatherTensors<Option<TensorMut<'a, S>>>,
-        (): (),
-    ) -> Result<GatherArgs<'a, S>> {
-        let value = |arg, problem: &str| Error::Value {
-            arg,
-            problem: problem.into(),
-        };
-        let table = t.block_table.is_some() || t.cu_seq_lens.is_some() || t.seq_starts.is_some();
-        let index = match (t.slot_mapping, t.block_table, t.cu_seq_lens) {
-            (Some(_), ..) if table => {
-                return Err(value(
-                    "slot_mapping",
-                    "give either slot_mapping or block_table with cu_seq_lens, not both",
-                ))
-            }
-            (Some(s), ..) => GatherIndex::Slots {
-                slot_mapping: ro(s),
-            },
-            (None, Some(b), Some(c)) => GatherIndex::BlockTable {
-                block_table: ro(b),
-                cu_seq_lens: ro(c),
-                seq_starts: t.seq_starts.map(ro),
-            },
-            (None, None, _) if table => {
-                return Err(value(
-                    "block_table",
-                    "required with cu_seq_lens / seq_starts",
-                ))
-            }
-            (None, Some(_), None) => return Err(value("cu_seq_lens", "required with block_table")),
-            (None, None, _) => {
-                return Err(value(
-                    "slot_mapping",
-                    "give slot_mapping, or block_table with cu_seq_lens",
-                ))
-            }
-        };
-        Ok(GatherArgs {
-            kv_cache: ro(need(&GATHER.kv_cache, t.kv_cache)?),
-            index,
-            fp8_scale: t.fp8_scale.map(ro),
-            out: need(&GATHER.out, t.out)?,
-        })
-    }
+/// The gather's addressing form from its given index tensors.
+fn gather_index<'a, S: ?Sized>(
+    slot_mapping: Option<TensorMut<'a, S>>,
+    block_table: Option<TensorMut<'a, S>>,
+    cu_seq_lens: Option<TensorMut<'a, S>>,
+    seq_starts: Option<TensorMut<'a, S>>,
+) -> Result<GatherIndex<'a, S>> {
+    let value = |arg, problem: &str| Error::Value {
+        arg,
+        problem: problem.into(),
+    };
+    let table = block_table.is_some() || cu_seq_lens.is_some() || seq_starts.is_some();
+    Ok(match (slot_mapping, block_table, cu_seq_lens) {
+        (Some(_), ..) if table => {
+            return Err(value(
+                "slot_mapping",
+                "give either slot_mapping or block_table with cu_seq_lens, not both",
+            ))
+        }
+        (Some(s), ..) => GatherIndex::Slots {
+            slot_mapping: ro(s),
+        },
+        (None, Some(b), Some(c)) => GatherIndex::BlockTable {
+            block_table: ro(b),
+            cu_seq_lens: ro(c),
+            seq_starts: seq_starts.map(ro),
+        },
+        (None, None, _) if table => {
+            return Err(value(
+                "block_table",
+                "required with cu_seq_lens / seq_starts",
+            ))
+        }
+        (None, Some(_), None) => return Err(value("cu_seq_lens", "required with block_table")),
+        (None, None, _) => {
+            return Err(value(
+                "slot_mapping",
+                "give slot_mapping, or block_table with cu_seq_lens",
+            ))
+        }
+    })
 }
 
 impl<S: ?Sized> CompressArgs<'_, S> {
