@@ -17,6 +17,7 @@ use dsv4_kvcache::tensor::Storage;
 use dsv4_kvcache::{Backend, CpuBackend, TensorMut};
 use pyo3::prelude::*;
 use std::convert::Infallible;
+use std::sync::OnceLock;
 
 type Res = dsv4_kvcache::Result<()>;
 
@@ -135,9 +136,12 @@ pub(crate) struct Given<'py> {
     torch: &'static Torch,
     tensors: Vec<(&'static str, Option<View>)>,
     scalars: Vec<(&'static str, Scalar)>,
-    /// Where the next lookup starts: tables mostly follow the signature.
-    next: usize,
 }
+
+/// Where each of an operation's tensors, in its table's declared order,
+/// stands among its function's tensor parameters (`None`: not one of
+/// them); found by name at the function's first call.
+pub(crate) type Order = OnceLock<Vec<Option<usize>>>;
 
 /// A value a function passes to [`Given::put`].
 pub(crate) trait Put {
@@ -183,23 +187,12 @@ impl<'py> Given<'py> {
             torch: torch(py)?,
             tensors: Vec::with_capacity(16),
             scalars: Vec::new(),
-            next: 0,
         })
     }
 
     /// Records argument `arg`.
     pub fn put(&mut self, arg: &'static str, v: impl Put) -> PyResult<()> {
         v.put(self, arg)
-    }
-
-    /// Takes tensor `arg`'s view (`None`: not given, or not a parameter).
-    fn take(&mut self, arg: &str) -> Option<View> {
-        let n = self.tensors.len();
-        let i = (0..n)
-            .map(|k| (self.next + k) % n)
-            .find(|&i| self.tensors[i].0 == arg)?;
-        self.next = i + 1;
-        self.tensors[i].1.take()
     }
 
     fn scalar(&self, arg: &str) -> Option<Scalar> {
@@ -235,13 +228,26 @@ impl<'py> Given<'py> {
         }
     }
 
-    /// Runs operation `O` on the given arguments, on their device.
-    pub fn run<O: Launch>(mut self) -> PyResult<()> {
+    /// Runs operation `O` on the given arguments, on their device;
+    /// `order` is the calling function's own.
+    pub fn run<O: Launch>(mut self, order: &Order) -> PyResult<()> {
+        let order = order.get_or_init(|| {
+            let mut v = Vec::new();
+            let walk = O::build(|s| {
+                v.push(self.tensors.iter().position(|t| t.0 == s.arg));
+                Ok::<(), Infallible>(())
+            });
+            let _: O::Of<()> = walk.unwrap_or_else(|e| match e {});
+            v
+        });
+        let views = order
+            .iter()
+            .map(|i| i.and_then(|i| self.tensors[i].1.take()))
+            .collect();
         let call = Call::<O> {
-            views: Vec::new(),
+            views,
             scalars: O::Scalars::read(&self),
         };
-        let call = call.with_views(|arg| self.take(arg));
         let dev = call.device()?;
         crate::device::run(self.py, self.torch, dev, &call, self.choice("sanitize"))
     }
@@ -288,17 +294,6 @@ pub(crate) struct Call<O: Operation> {
 }
 
 impl<O: Launch> Call<O> {
-    /// The call with each declared tensor's view from `view`, by name.
-    fn with_views(mut self, mut view: impl FnMut(&'static str) -> Option<View>) -> Self {
-        let views = &mut self.views;
-        let walk = O::build(|s| {
-            views.push(view(s.arg));
-            Ok::<(), Infallible>(())
-        });
-        let _: O::Of<()> = walk.unwrap_or_else(|e| match e {});
-        self
-    }
-
     /// The views as the operation's table, each through `f`.
     pub fn table<'v, T>(&'v self, mut f: impl FnMut(&'v View) -> T) -> O::Of<Option<T>> {
         let mut it = self.views.iter();
@@ -308,8 +303,14 @@ impl<O: Launch> Call<O> {
 
     /// The device of every tensor the call uses (CR1 ignores the ring-side
     /// tensors, as the seed does, wherever they are); mixed devices are a
-    /// `ValueError`. The library's own table says which tensors are used.
+    /// `ValueError`. The library's own table says which tensors are used,
+    /// where the given ones are not all on one device.
     fn device(&self) -> PyResult<Dev> {
+        let mut given = self.views.iter().flatten();
+        let first = given.next().map_or(Dev::Cpu, |v| v.dev);
+        if given.all(|v| v.dev == first) {
+            return Ok(first);
+        }
         let mut views = self.table(|v| *v);
         let table = O::map(O::as_mut(&mut views), |_, v: &mut Option<View>| {
             v.as_mut().map(|v| {

@@ -24,9 +24,10 @@ macro_rules! op {
         $(#[$m])*
         #[allow(clippy::too_many_arguments)]
         fn $name(py: Python<'_>, $($p: $t),*) -> PyResult<()> {
+            static ORDER: call::Order = call::Order::new();
             let mut g = Given::new(py)?;
             $(g.put(stringify!($p), $p)?;)*
-            g.run::<$op>()
+            g.run::<$op>(&ORDER)
         }
     };
 }
