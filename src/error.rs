@@ -14,8 +14,8 @@ pub enum Error {
         arg: &'static str,
         /// What was given.
         got: String,
-        /// What is accepted.
-        expected: &'static str,
+        /// What is accepted (`"I32 or I64"`).
+        expected: String,
     },
     /// An argument has the wrong shape, rank, stride or alignment.
     #[error("{arg}: {problem}")]

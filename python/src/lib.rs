@@ -3,389 +3,133 @@
 //! on the CPU backend (CPU tensors), the CUDA backend (CUDA tensors, torch's
 //! current stream) or the HIP backend (ROCm builds of torch).
 
+mod call;
 mod device;
 mod dlpack;
 mod reference;
 mod tensor;
 
-use device::{CompressViews, FusedViews, GatherViews, InsertViews, RingViews};
+use call::Given;
+use dsv4_kvcache::ops::{CompressOp, FusedOp, GatherOp, InsertOp, RingOp};
 use pyo3::prelude::*;
-use tensor::{common_device, opt_view, ratio, torch, view, Dev, Torch};
+use tensor::{torch, Dev};
 
 type Any<'py> = Bound<'py, PyAny>;
 
-#[allow(clippy::too_many_arguments)]
-fn read_insert(
-    py: Python<'_>,
-    t: &Torch,
-    latent: &Any<'_>,
-    positions: &Any<'_>,
-    cos_sin_cache: &Any<'_>,
-    kv_cache: &Any<'_>,
-    slot_mapping: &Any<'_>,
-    compress_ratio: i64,
-    fp8_scale: Option<&Any<'_>>,
-) -> PyResult<(Dev, InsertViews)> {
-    let v = InsertViews {
-        latent: view(py, t, "latent", latent)?,
-        positions: view(py, t, "positions", positions)?,
-        cos_sin_cache: view(py, t, "cos_sin_cache", cos_sin_cache)?,
-        kv_cache: view(py, t, "kv_cache", kv_cache)?,
-        slot_mapping: view(py, t, "slot_mapping", slot_mapping)?,
-        fp8_scale: opt_view(py, t, "fp8_scale", fp8_scale)?,
-        compress_ratio: ratio(compress_ratio),
-    };
-    let dev = common_device(&[
-        ("latent", Some(&v.latent)),
-        ("positions", Some(&v.positions)),
-        ("cos_sin_cache", Some(&v.cos_sin_cache)),
-        ("kv_cache", Some(&v.kv_cache)),
-        ("slot_mapping", Some(&v.slot_mapping)),
-        ("fp8_scale", v.fp8_scale.as_ref()),
-    ])?;
-    Ok((dev, v))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn read_compress(
-    py: Python<'_>,
-    t: &Torch,
-    kv_score: &Any<'_>,
-    positions: &Any<'_>,
-    state_cache: Option<&Any<'_>>,
-    slot_mapping: &Any<'_>,
-    query_start_loc: Option<&Any<'_>>,
-    token_to_req_indices: Option<&Any<'_>>,
-    rms_norm_weight: &Any<'_>,
-    rms_norm_eps: f64,
-    compress_ratio: i64,
-    latent_out: &Any<'_>,
-    prev_rows: Option<&Any<'_>>,
-    prev_row_indices: Option<&Any<'_>>,
-) -> PyResult<CompressViews> {
-    Ok(CompressViews {
-        kv_score: view(py, t, "kv_score", kv_score)?,
-        positions: view(py, t, "positions", positions)?,
-        state_cache: opt_view(py, t, "state_cache", state_cache)?,
-        slot_mapping: view(py, t, "slot_mapping", slot_mapping)?,
-        query_start_loc: opt_view(py, t, "query_start_loc", query_start_loc)?,
-        token_to_req_indices: opt_view(py, t, "token_to_req_indices", token_to_req_indices)?,
-        rms_norm_weight: view(py, t, "rms_norm_weight", rms_norm_weight)?,
-        rms_norm_eps: rms_norm_eps as f32,
-        compress_ratio: ratio(compress_ratio),
-        latent_out: view(py, t, "latent_out", latent_out)?,
-        prev_rows: opt_view(py, t, "prev_rows", prev_rows)?,
-        prev_row_indices: opt_view(py, t, "prev_row_indices", prev_row_indices)?,
-    })
-}
-
-fn compress_list(v: &CompressViews) -> [(&'static str, Option<&tensor::View>); 10] {
-    // CR1 ignores the ring-side arguments (as the seed does), wherever they are.
-    let cr2 = v.compress_ratio == 2;
-    fn o(x: &Option<tensor::View>, cr2: bool) -> Option<&tensor::View> {
-        x.as_ref().filter(|_| cr2)
-    }
-    [
-        ("kv_score", Some(&v.kv_score)),
-        ("positions", Some(&v.positions)),
-        ("state_cache", o(&v.state_cache, cr2)),
-        ("slot_mapping", Some(&v.slot_mapping)),
-        ("query_start_loc", o(&v.query_start_loc, cr2)),
-        ("token_to_req_indices", o(&v.token_to_req_indices, cr2)),
-        ("rms_norm_weight", Some(&v.rms_norm_weight)),
-        ("latent_out", Some(&v.latent_out)),
-        ("prev_rows", o(&v.prev_rows, cr2)),
-        ("prev_row_indices", o(&v.prev_row_indices, cr2)),
-    ]
-}
-
-fn read_ring(
-    py: Python<'_>,
-    t: &Torch,
-    rows: &Any<'_>,
-    slot_mapping: &Any<'_>,
-    state_cache: &Any<'_>,
-) -> PyResult<(Dev, RingViews)> {
-    let v = RingViews {
-        rows: view(py, t, "rows", rows)?,
-        slot_mapping: view(py, t, "slot_mapping", slot_mapping)?,
-        state_cache: view(py, t, "state_cache", state_cache)?,
-    };
-    let dev = common_device(&[
-        ("rows", Some(&v.rows)),
-        ("slot_mapping", Some(&v.slot_mapping)),
-        ("state_cache", Some(&v.state_cache)),
-    ])?;
-    Ok((dev, v))
-}
-
-/// Pool each closed group into a normalized BF16 latent; save FP32 states
-/// (the seed's `fused_save_compress_norm`, same arguments and in-place
-/// semantics).
-#[pyfunction]
-#[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows=None, prev_row_indices=None))]
-#[allow(clippy::too_many_arguments)]
-fn fused_save_compress_norm(
-    py: Python<'_>,
-    kv_score: &Any<'_>,
-    positions: &Any<'_>,
-    state_cache: Option<&Any<'_>>,
-    slot_mapping: &Any<'_>,
-    query_start_loc: Option<&Any<'_>>,
-    token_to_req_indices: Option<&Any<'_>>,
-    rms_norm_weight: &Any<'_>,
-    rms_norm_eps: f64,
-    compress_ratio: i64,
-    latent_out: &Any<'_>,
-    prev_rows: Option<&Any<'_>>,
-    prev_row_indices: Option<&Any<'_>>,
-) -> PyResult<()> {
-    let t = torch(py)?;
-    let v = read_compress(
-        py,
-        t,
-        kv_score,
-        positions,
-        state_cache,
-        slot_mapping,
-        query_start_loc,
-        token_to_req_indices,
-        rms_norm_weight,
-        rms_norm_eps,
-        compress_ratio,
-        latent_out,
-        prev_rows,
-        prev_row_indices,
-    )?;
-    let dev = common_device(&compress_list(&v))?;
-    device::run(py, t, dev, &v, None)
-}
-
-/// Apply GPT-J RoPE and publish a latent to the compressed KV cache (the
-/// seed's `rope_quant_insert`; the layout follows the cache's dtype and last
-/// dimension). `sanitize`: NaN sanitizing, `None` = the device's default.
-#[pyfunction]
-#[pyo3(signature = (latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale=None, *, sanitize=None))]
-#[allow(clippy::too_many_arguments)]
-fn rope_quant_insert(
-    py: Python<'_>,
-    latent: &Any<'_>,
-    positions: &Any<'_>,
-    cos_sin_cache: &Any<'_>,
-    kv_cache: &Any<'_>,
-    slot_mapping: &Any<'_>,
-    compress_ratio: i64,
-    fp8_scale: Option<&Any<'_>>,
-    sanitize: Option<bool>,
-) -> PyResult<()> {
-    let t = torch(py)?;
-    let (dev, v) = read_insert(
-        py,
-        t,
-        latent,
-        positions,
-        cos_sin_cache,
-        kv_cache,
-        slot_mapping,
-        compress_ratio,
-        fp8_scale,
-    )?;
-    device::run(py, t, dev, &v, sanitize)
-}
-
-/// Store FP32 [kv, score] rows to their ring slots, skipping slot -1 (the
-/// seed's `save_ring_rows`).
-#[pyfunction]
-#[pyo3(signature = (rows, slot_mapping, state_cache))]
-fn save_ring_rows(
-    py: Python<'_>,
-    rows: &Any<'_>,
-    slot_mapping: &Any<'_>,
-    state_cache: &Any<'_>,
-) -> PyResult<()> {
-    let t = torch(py)?;
-    let (dev, v) = read_ring(py, t, rows, slot_mapping, state_cache)?;
-    device::run(py, t, dev, &v, None)
-}
-
-/// Read records back: gather them from a paged cache and write them
-/// dequantized (BF16 or F32, `out`'s dtype) into `out [rows, 512]`. Either
-/// `slot_mapping [N]` (row `i` reads slot `slot_mapping[i]`, `< 0` leaves it
-/// untouched), or `block_table [R, max_blocks]` with `cu_seq_lens [R + 1]`
-/// (and optional `seq_starts [R]`): request `r` fills rows
-/// `cu_seq_lens[r] .. cu_seq_lens[r + 1]` with its tokens from position
-/// `seq_starts[r]` on. `fp8_scale` for FP8 row caches only. Out-of-range
-/// indices are skipped and counted.
-#[pyfunction]
-#[pyo3(signature = (kv_cache, out, slot_mapping=None, *, block_table=None, cu_seq_lens=None, seq_starts=None, fp8_scale=None))]
-#[allow(clippy::too_many_arguments)]
-fn gather_dequant(
-    py: Python<'_>,
-    kv_cache: &Any<'_>,
-    out: &Any<'_>,
-    slot_mapping: Option<&Any<'_>>,
-    block_table: Option<&Any<'_>>,
-    cu_seq_lens: Option<&Any<'_>>,
-    seq_starts: Option<&Any<'_>>,
-    fp8_scale: Option<&Any<'_>>,
-) -> PyResult<()> {
-    use pyo3::exceptions::PyValueError;
-    let t = torch(py)?;
-    let v = GatherViews {
-        kv_cache: view(py, t, "kv_cache", kv_cache)?,
-        slot_mapping: opt_view(py, t, "slot_mapping", slot_mapping)?,
-        block_table: opt_view(py, t, "block_table", block_table)?,
-        cu_seq_lens: opt_view(py, t, "cu_seq_lens", cu_seq_lens)?,
-        seq_starts: opt_view(py, t, "seq_starts", seq_starts)?,
-        fp8_scale: opt_view(py, t, "fp8_scale", fp8_scale)?,
-        out: view(py, t, "out", out)?,
-    };
-    let table = v.block_table.is_some() || v.cu_seq_lens.is_some() || v.seq_starts.is_some();
-    match (&v.slot_mapping, table) {
-        (Some(_), true) => {
-            return Err(PyValueError::new_err(
-                "slot_mapping: give either slot_mapping or block_table with cu_seq_lens, not both",
-            ))
+/// An operation's function: its signature, each argument handed to
+/// [`Given`] under its own name, then the operation run.
+macro_rules! op {
+    ($op:ty, $(#[$m:meta])* fn $name:ident($($p:ident: $t:ty),* $(,)?)) => {
+        #[pyfunction]
+        $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
+        fn $name(py: Python<'_>, $($p: $t),*) -> PyResult<()> {
+            static ORDER: call::Order = call::Order::new();
+            let mut g = Given::new(py)?;
+            $(g.put(stringify!($p), $p)?;)*
+            g.run::<$op>(&ORDER)
         }
-        (None, false) => {
-            return Err(PyValueError::new_err(
-                "slot_mapping: give slot_mapping, or block_table with cu_seq_lens",
-            ))
-        }
-        (None, true) if v.block_table.is_none() => {
-            return Err(PyValueError::new_err(
-                "block_table: required with cu_seq_lens / seq_starts",
-            ))
-        }
-        (None, true) if v.cu_seq_lens.is_none() => {
-            return Err(PyValueError::new_err(
-                "cu_seq_lens: required with block_table",
-            ))
-        }
-        _ => {}
-    }
-    let dev = common_device(&[
-        ("kv_cache", Some(&v.kv_cache)),
-        ("slot_mapping", v.slot_mapping.as_ref()),
-        ("block_table", v.block_table.as_ref()),
-        ("cu_seq_lens", v.cu_seq_lens.as_ref()),
-        ("seq_starts", v.seq_starts.as_ref()),
-        ("fp8_scale", v.fp8_scale.as_ref()),
-        ("out", Some(&v.out)),
-    ])?;
-    device::run(py, t, dev, &v, None)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn read_fused<'py>(
-    py: Python<'py>,
-    t: &Torch,
-    kv_score: &Any<'py>,
-    positions: &Any<'py>,
-    state_cache: Option<&Any<'py>>,
-    slot_mapping: &Any<'py>,
-    query_start_loc: Option<&Any<'py>>,
-    token_to_req_indices: Option<&Any<'py>>,
-    rms_norm_weight: &Any<'py>,
-    rms_norm_eps: f64,
-    compress_ratio: i64,
-    latent_out: &Any<'py>,
-    cos_sin_cache: &Any<'py>,
-    kv_cache: &Any<'py>,
-    cache_slot_mapping: &Any<'py>,
-    fp8_scale: Option<&Any<'py>>,
-    prev_rows: Option<&Any<'py>>,
-    prev_row_indices: Option<&Any<'py>>,
-    skip_latent_out: bool,
-) -> PyResult<(Dev, FusedViews)> {
-    let compress = read_compress(
-        py,
-        t,
-        kv_score,
-        positions,
-        state_cache,
-        slot_mapping,
-        query_start_loc,
-        token_to_req_indices,
-        rms_norm_weight,
-        rms_norm_eps,
-        compress_ratio,
-        latent_out,
-        prev_rows,
-        prev_row_indices,
-    )?;
-    let v = FusedViews {
-        compress,
-        skip_latent_out,
-        cos_sin_cache: view(py, t, "cos_sin_cache", cos_sin_cache)?,
-        kv_cache: view(py, t, "kv_cache", kv_cache)?,
-        cache_slot_mapping: view(py, t, "cache_slot_mapping", cache_slot_mapping)?,
-        fp8_scale: opt_view(py, t, "fp8_scale", fp8_scale)?,
     };
-    let c = compress_list(&v.compress);
-    let rest = [
-        ("cos_sin_cache", Some(&v.cos_sin_cache)),
-        ("kv_cache", Some(&v.kv_cache)),
-        ("cache_slot_mapping", Some(&v.cache_slot_mapping)),
-        ("fp8_scale", v.fp8_scale.as_ref()),
-    ];
-    let list: [_; 14] = std::array::from_fn(|i| if i < 10 { c[i] } else { rest[i - 10] });
-    let dev = common_device(&list)?;
-    Ok((dev, v))
 }
 
-/// `fused_save_compress_norm` then `rope_quant_insert` in one launch: the
-/// compressor's arguments, then the insert's (`cache_slot_mapping` are the
-/// cache slots; for CR2 `slot_mapping` holds ring slots). `latent_out` is
-/// still written unless `skip_latent_out`.
-#[pyfunction]
-#[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache, cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None, *, skip_latent_out=false, sanitize=None))]
-#[allow(clippy::too_many_arguments)]
-fn fused_compress_insert(
-    py: Python<'_>,
-    kv_score: &Any<'_>,
-    positions: &Any<'_>,
-    state_cache: Option<&Any<'_>>,
-    slot_mapping: &Any<'_>,
-    query_start_loc: Option<&Any<'_>>,
-    token_to_req_indices: Option<&Any<'_>>,
-    rms_norm_weight: &Any<'_>,
-    rms_norm_eps: f64,
-    compress_ratio: i64,
-    latent_out: &Any<'_>,
-    cos_sin_cache: &Any<'_>,
-    kv_cache: &Any<'_>,
-    cache_slot_mapping: &Any<'_>,
-    fp8_scale: Option<&Any<'_>>,
-    prev_rows: Option<&Any<'_>>,
-    prev_row_indices: Option<&Any<'_>>,
-    skip_latent_out: bool,
-    sanitize: Option<bool>,
-) -> PyResult<()> {
-    let t = torch(py)?;
-    let (dev, v) = read_fused(
-        py,
-        t,
-        kv_score,
-        positions,
-        state_cache,
-        slot_mapping,
-        query_start_loc,
-        token_to_req_indices,
-        rms_norm_weight,
-        rms_norm_eps,
-        compress_ratio,
-        latent_out,
-        cos_sin_cache,
-        kv_cache,
-        cache_slot_mapping,
-        fp8_scale,
-        prev_rows,
-        prev_row_indices,
-        skip_latent_out,
-    )?;
-    device::run(py, t, dev, &v, sanitize)
+/// An operation whose parameters start with the compressor's ten (its
+/// own function and the fused one), spliced before the rest.
+macro_rules! compressor_op {
+    ($op:ty, $(#[$m:meta])* fn $name:ident($($rest:tt)*)) => {
+        op!($op, $(#[$m])* fn $name(
+            kv_score: &Any<'_>,
+            positions: &Any<'_>,
+            state_cache: Option<&Any<'_>>,
+            slot_mapping: &Any<'_>,
+            query_start_loc: Option<&Any<'_>>,
+            token_to_req_indices: Option<&Any<'_>>,
+            rms_norm_weight: &Any<'_>,
+            rms_norm_eps: f64,
+            compress_ratio: i64,
+            latent_out: &Any<'_>,
+            $($rest)*
+        ));
+    };
 }
+
+compressor_op!(
+    CompressOp,
+    /// Pool each closed group into a normalized BF16 latent; save FP32 states
+    /// (the seed's `fused_save_compress_norm`, same arguments and in-place
+    /// semantics).
+    #[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows=None, prev_row_indices=None))]
+    fn fused_save_compress_norm(
+        prev_rows: Option<&Any<'_>>,
+        prev_row_indices: Option<&Any<'_>>,
+    )
+);
+
+op!(
+    InsertOp,
+    /// Apply GPT-J RoPE and publish a latent to the compressed KV cache (the
+    /// seed's `rope_quant_insert`; the layout follows the cache's dtype and last
+    /// dimension). `sanitize`: NaN sanitizing, `None` = the device's default.
+    #[pyo3(signature = (latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale=None, *, sanitize=None))]
+    fn rope_quant_insert(
+        latent: &Any<'_>,
+        positions: &Any<'_>,
+        cos_sin_cache: &Any<'_>,
+        kv_cache: &Any<'_>,
+        slot_mapping: &Any<'_>,
+        compress_ratio: i64,
+        fp8_scale: Option<&Any<'_>>,
+        sanitize: Option<bool>,
+    )
+);
+
+op!(
+    RingOp,
+    /// Store FP32 [kv, score] rows to their ring slots, skipping slot -1 (the
+    /// seed's `save_ring_rows`).
+    #[pyo3(signature = (rows, slot_mapping, state_cache))]
+    fn save_ring_rows(rows: &Any<'_>, slot_mapping: &Any<'_>, state_cache: &Any<'_>)
+);
+
+op!(
+    GatherOp,
+    /// Read records back: gather them from a paged cache and write them
+    /// dequantized (BF16 or F32, `out`'s dtype) into `out [rows, 512]`. Either
+    /// `slot_mapping [N]` (row `i` reads slot `slot_mapping[i]`, `< 0` leaves it
+    /// untouched), or `block_table [R, max_blocks]` with `cu_seq_lens [R + 1]`
+    /// (and optional `seq_starts [R]`): request `r` fills rows
+    /// `cu_seq_lens[r] .. cu_seq_lens[r + 1]` with its tokens from position
+    /// `seq_starts[r]` on. `fp8_scale` for FP8 row caches only. Out-of-range
+    /// indices are skipped and counted.
+    #[pyo3(signature = (kv_cache, out, slot_mapping=None, *, block_table=None, cu_seq_lens=None, seq_starts=None, fp8_scale=None))]
+    fn gather_dequant(
+        kv_cache: &Any<'_>,
+        out: &Any<'_>,
+        slot_mapping: Option<&Any<'_>>,
+        block_table: Option<&Any<'_>>,
+        cu_seq_lens: Option<&Any<'_>>,
+        seq_starts: Option<&Any<'_>>,
+        fp8_scale: Option<&Any<'_>>,
+    )
+);
+
+compressor_op!(
+    FusedOp,
+    /// `fused_save_compress_norm` then `rope_quant_insert` in one launch: the
+    /// compressor's arguments, then the insert's (`cache_slot_mapping` are the
+    /// cache slots; for CR2 `slot_mapping` holds ring slots). `latent_out` is
+    /// still written unless `skip_latent_out`.
+    #[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache, cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None, *, skip_latent_out=false, sanitize=None))]
+    fn fused_compress_insert(
+        cos_sin_cache: &Any<'_>,
+        kv_cache: &Any<'_>,
+        cache_slot_mapping: &Any<'_>,
+        fp8_scale: Option<&Any<'_>>,
+        prev_rows: Option<&Any<'_>>,
+        prev_row_indices: Option<&Any<'_>>,
+        skip_latent_out: bool,
+        sanitize: Option<bool>,
+    )
+);
 
 /// Takes and resets the skip counts of the backend of `device_type`
 /// (`"cpu"` or `"cuda"`) device `index`: (slot, position, index) out of
@@ -413,136 +157,6 @@ fn _init(py: Python<'_>, device_type: &str, index: i32) -> PyResult<String> {
         _ => Dev::Cuda(index),
     };
     device::init(py, t, dev)
-}
-
-// ---- the reference twins (CPU tensors; the safe API on copies) -------------------
-
-#[pyfunction]
-#[pyo3(signature = (latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale=None, *, sanitize=false))]
-#[allow(clippy::too_many_arguments)]
-fn _reference_rope_quant_insert(
-    py: Python<'_>,
-    latent: &Any<'_>,
-    positions: &Any<'_>,
-    cos_sin_cache: &Any<'_>,
-    kv_cache: &Any<'_>,
-    slot_mapping: &Any<'_>,
-    compress_ratio: i64,
-    fp8_scale: Option<&Any<'_>>,
-    sanitize: bool,
-) -> PyResult<(u64, u64, u64)> {
-    let t = torch(py)?;
-    let (_, v) = read_insert(
-        py,
-        t,
-        latent,
-        positions,
-        cos_sin_cache,
-        kv_cache,
-        slot_mapping,
-        compress_ratio,
-        fp8_scale,
-    )?;
-    py.detach(|| reference::insert(&v, sanitize))
-}
-
-#[pyfunction]
-#[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows=None, prev_row_indices=None))]
-#[allow(clippy::too_many_arguments)]
-fn _reference_fused_save_compress_norm(
-    py: Python<'_>,
-    kv_score: &Any<'_>,
-    positions: &Any<'_>,
-    state_cache: Option<&Any<'_>>,
-    slot_mapping: &Any<'_>,
-    query_start_loc: Option<&Any<'_>>,
-    token_to_req_indices: Option<&Any<'_>>,
-    rms_norm_weight: &Any<'_>,
-    rms_norm_eps: f64,
-    compress_ratio: i64,
-    latent_out: &Any<'_>,
-    prev_rows: Option<&Any<'_>>,
-    prev_row_indices: Option<&Any<'_>>,
-) -> PyResult<(u64, u64, u64)> {
-    let t = torch(py)?;
-    let v = read_compress(
-        py,
-        t,
-        kv_score,
-        positions,
-        state_cache,
-        slot_mapping,
-        query_start_loc,
-        token_to_req_indices,
-        rms_norm_weight,
-        rms_norm_eps,
-        compress_ratio,
-        latent_out,
-        prev_rows,
-        prev_row_indices,
-    )?;
-    py.detach(|| reference::compress(&v))
-}
-
-#[pyfunction]
-fn _reference_save_ring_rows(
-    py: Python<'_>,
-    rows: &Any<'_>,
-    slot_mapping: &Any<'_>,
-    state_cache: &Any<'_>,
-) -> PyResult<(u64, u64, u64)> {
-    let t = torch(py)?;
-    let (_, v) = read_ring(py, t, rows, slot_mapping, state_cache)?;
-    py.detach(|| reference::ring(&v))
-}
-
-#[pyfunction]
-#[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache, cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None, *, skip_latent_out=false, sanitize=false))]
-#[allow(clippy::too_many_arguments)]
-fn _reference_fused_compress_insert(
-    py: Python<'_>,
-    kv_score: &Any<'_>,
-    positions: &Any<'_>,
-    state_cache: Option<&Any<'_>>,
-    slot_mapping: &Any<'_>,
-    query_start_loc: Option<&Any<'_>>,
-    token_to_req_indices: Option<&Any<'_>>,
-    rms_norm_weight: &Any<'_>,
-    rms_norm_eps: f64,
-    compress_ratio: i64,
-    latent_out: &Any<'_>,
-    cos_sin_cache: &Any<'_>,
-    kv_cache: &Any<'_>,
-    cache_slot_mapping: &Any<'_>,
-    fp8_scale: Option<&Any<'_>>,
-    prev_rows: Option<&Any<'_>>,
-    prev_row_indices: Option<&Any<'_>>,
-    skip_latent_out: bool,
-    sanitize: bool,
-) -> PyResult<(u64, u64, u64)> {
-    let t = torch(py)?;
-    let (_, v) = read_fused(
-        py,
-        t,
-        kv_score,
-        positions,
-        state_cache,
-        slot_mapping,
-        query_start_loc,
-        token_to_req_indices,
-        rms_norm_weight,
-        rms_norm_eps,
-        compress_ratio,
-        latent_out,
-        cos_sin_cache,
-        kv_cache,
-        cache_slot_mapping,
-        fp8_scale,
-        prev_rows,
-        prev_row_indices,
-        skip_latent_out,
-    )?;
-    py.detach(|| reference::fused(&v, sanitize))
 }
 
 /// Reads every argument as a tensor argument and launches nothing: the
@@ -698,10 +312,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gather_dequant, m)?)?;
     m.add_function(wrap_pyfunction!(_take_skip_counts, m)?)?;
     m.add_function(wrap_pyfunction!(_init, m)?)?;
-    m.add_function(wrap_pyfunction!(_reference_rope_quant_insert, m)?)?;
-    m.add_function(wrap_pyfunction!(_reference_fused_save_compress_norm, m)?)?;
-    m.add_function(wrap_pyfunction!(_reference_save_ring_rows, m)?)?;
-    m.add_function(wrap_pyfunction!(_reference_fused_compress_insert, m)?)?;
+    m.add_function(wrap_pyfunction!(reference::_reference, m)?)?;
     m.add_function(wrap_pyfunction!(_features, m)?)?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
     m.add_function(wrap_pyfunction!(_read_tensors, m)?)?;

@@ -405,14 +405,17 @@ pub fn opt_view(
     }
 }
 
-/// The device every argument is on; mixed devices are a `ValueError` naming
-/// the first argument that differs from the first one.
-pub fn common_device(views: &[(&'static str, Option<&View>)]) -> PyResult<Dev> {
-    let mut first: Option<(&'static str, Dev)> = None;
-    for &(arg, v) in views {
-        let Some(v) = v else { continue };
-        match first {
-            None => first = Some((arg, v.dev)),
+/// The device every argument is on, gathered one argument at a time;
+/// mixed devices are a `ValueError` naming the first argument that differs
+/// from the first one.
+#[derive(Default)]
+pub struct SameDevice(Option<(&'static str, Dev)>);
+
+impl SameDevice {
+    /// Adds argument `arg`'s view.
+    pub fn add(&mut self, arg: &'static str, v: &View) -> PyResult<()> {
+        match self.0 {
+            None => self.0 = Some((arg, v.dev)),
             Some((a0, d0)) if d0 != v.dev => {
                 return Err(PyValueError::new_err(format!(
                     "{arg}: on {}, expected {d0} like {a0} (all tensors must be on one device)",
@@ -421,8 +424,13 @@ pub fn common_device(views: &[(&'static str, Option<&View>)]) -> PyResult<Dev> {
             }
             _ => {}
         }
+        Ok(())
     }
-    Ok(first.map_or(Dev::Cpu, |f| f.1))
+
+    /// The device (the CPU when no tensor was added).
+    pub fn dev(&self) -> Dev {
+        self.0.map_or(Dev::Cpu, |f| f.1)
+    }
 }
 
 /// A compress ratio from Python: anything but 1 or 2 is rejected by the

@@ -24,7 +24,7 @@ def run_both(name, case, **kw):
     dk.take_skip_counts("cpu")
     getattr(dk, name)(**ours, **kw)
     got = dk.take_skip_counts("cpu")
-    want = getattr(_native, "_reference_" + name)(**ref, **kw)
+    want = _native._reference(name, **ref, **kw)
     for out in OUTS[name]:
         if ours.get(out) is not None:
             assert same_storage(ours[out], ref[out]), f"{name}: {out} differs"

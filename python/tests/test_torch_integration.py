@@ -1,6 +1,7 @@
 """torch.library operators: torch.compile without a graph break gives the
 eager bytes; GPU paths (CUDA graphs, parity with the CPU) when a GPU is there."""
 
+import inspect
 import os
 import re
 
@@ -73,6 +74,24 @@ def test_ops_have_mutating_schemas():
     assert re.search(r"Tensor\(a\d*!\) kv_cache", s), s
     s = str(torch.ops.dsv4_kvcache.fused_compress_insert.default._schema)
     assert "kv_cache" in s and "latent_out" in s and "!" in s, s
+
+
+def test_schema_table_is_the_native_signatures():
+    """ops.py's one table: each native function's signature (names, kinds,
+    defaults) is the table's, and so are the registered operator's
+    arguments and the in-graph stand-in's signature."""
+
+    def plain(sig):
+        return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+    assert dk.ops.__all__ == ["fused_save_compress_norm", "rope_quant_insert", "save_ring_rows",
+                              "fused_compress_insert", "gather_dequant"]
+    for name in dk.ops.__all__:
+        table = dk.ops._signature(name)
+        assert plain(inspect.signature(getattr(dk._native, name))) == plain(table), name
+        args = getattr(torch.ops.dsv4_kvcache, name).default._schema.arguments
+        assert [a.name for a in args] == list(table.parameters), name
+        assert plain(inspect.signature(dk.ops._in_graph(name))) == plain(table), name
 
 
 def test_readme_examples_run():

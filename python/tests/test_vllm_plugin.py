@@ -148,13 +148,15 @@ def compressor_case(layout, cr, pcp):
 def reference_step(b):
     """The compressor's step on the CPU reference (sanitize off, as the
     CPU's default)."""
-    _native._reference_fused_save_compress_norm(
+    _native._reference(
+        "fused_save_compress_norm",
         b["kv_score"], b["positions"], b["state_cache"], b["slot_mapping"], b["query_start_loc"],
         b["token_to_req_indices"], b["rms_norm_weight"], b["rms_norm_eps"], b["compress_ratio"],
         b["latent_out"], b.get("prev_rows"), b.get("prev_row_indices"))
     if b.get("prev_rows") is not None:
-        _native._reference_save_ring_rows(b["prev_rows"], b["ring_write_slots"], b["state_cache"])
-    _native._reference_rope_quant_insert(
+        _native._reference("save_ring_rows", b["prev_rows"], b["ring_write_slots"], b["state_cache"])
+    _native._reference(
+        "rope_quant_insert",
         b["latent_out"], b["positions"], b["cos_sin_cache"], b["kv_cache"], b["cache_slot_mapping"],
         b["compress_ratio"], b["fp8_scale"])
 
@@ -213,12 +215,14 @@ def test_gpu_backend_created_before_capture(stub, caplog, layout):
     want = clone(case)
     props = torch.cuda.get_device_properties(dev)
     gfx950 = getattr(torch.version, "hip", None) and "gfx950" in getattr(props, "gcnArchName", "")
-    _native._reference_fused_save_compress_norm(
+    _native._reference(
+        "fused_save_compress_norm",
         want["kv_score"], want["positions"], want["state_cache"], want["slot_mapping"],
         want["query_start_loc"], want["token_to_req_indices"], want["rms_norm_weight"],
         want["rms_norm_eps"], cr, want["latent_out"], want["prev_rows"], want["prev_row_indices"])
-    _native._reference_save_ring_rows(want["prev_rows"], want["ring_write_slots"], want["state_cache"])
-    _native._reference_rope_quant_insert(
+    _native._reference("save_ring_rows", want["prev_rows"], want["ring_write_slots"], want["state_cache"])
+    _native._reference(
+        "rope_quant_insert",
         want["latent_out"], want["positions"], want["cos_sin_cache"], want["kv_cache"],
         want["cache_slot_mapping"], cr, want["fp8_scale"], sanitize=bool(gfx950))
     got = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}

@@ -11,8 +11,9 @@ use crate::tensor::{DType, Storage, Tensor, TensorDesc, TensorMut};
 
 mod tensors;
 pub use tensors::{
-    Bound, CompressTensors, FusedInsertTensors, FusedTensors, GatherTensors, InsertTensors,
-    RingTensors, Role, ROW_ALIGN,
+    Align, Bound, CompressOp, CompressScalars, CompressTensors, FusedInsertTensors, FusedOp,
+    FusedTensors, GatherOp, GatherTensors, InsertOp, InsertTensors, Operation, RingOp, RingTensors,
+    Role, Spec, COMPRESS, FUSED_INSERT, GATHER, INSERT, RING, ROW_ALIGN,
 };
 
 /// Arguments of `fused_save_compress_norm` (names as in the seed).
@@ -300,23 +301,6 @@ pub struct FusedPlan {
 
 // ---- checks -------------------------------------------------------------
 
-pub(crate) fn dtype(
-    arg: &'static str,
-    d: &TensorDesc,
-    ok: &[DType],
-    expected: &'static str,
-) -> Result<()> {
-    if ok.contains(&d.dtype) {
-        Ok(())
-    } else {
-        Err(Error::DType {
-            arg,
-            got: d.dtype.to_string(),
-            expected,
-        })
-    }
-}
-
 pub(crate) fn shape_err(arg: &'static str, problem: String) -> Error {
     Error::Shape { arg, problem }
 }
@@ -340,22 +324,9 @@ pub(crate) fn extent<S: Storage + ?Sized>(
     Ok(())
 }
 
-pub(crate) fn aligned(arg: &'static str, d: &TensorDesc, bytes: usize) -> Result<()> {
-    if d.offset % bytes != 0 {
-        return Err(shape_err(
-            arg,
-            format!("byte offset {} must be a multiple of {bytes}", d.offset),
-        ));
-    }
-    Ok(())
-}
-
-pub(crate) fn index<S: Storage + ?Sized>(
-    arg: &'static str,
-    t: &Tensor<'_, S>,
-) -> Result<IndexPlan> {
-    let d = &t.desc;
-    dtype(arg, d, &[DType::I32, DType::I64], "I32 or I64")?;
+pub(crate) fn index<S: Storage + ?Sized>(s: &'static Spec, t: &Tensor<'_, S>) -> Result<IndexPlan> {
+    let (arg, d) = (s.arg, &t.desc);
+    s.dtype(d)?;
     if d.rank() != 1 || !d.is_contiguous() {
         return Err(shape_err(
             arg,
@@ -366,7 +337,7 @@ pub(crate) fn index<S: Storage + ?Sized>(
             ),
         ));
     }
-    aligned(arg, d, d.dtype.size())?;
+    s.aligned(d)?;
     extent(arg, t.buf, d)?;
     Ok(IndexPlan {
         offset: d.offset,
@@ -375,15 +346,17 @@ pub(crate) fn index<S: Storage + ?Sized>(
     })
 }
 
-/// `[rows, width]` with unit inner stride, row stride a multiple of
-/// `row_align` elements, base aligned to 16 bytes.
+/// `[rows, width]` of one of `s`'s element types with unit inner stride,
+/// row stride a multiple of `row_align` elements, base aligned as `s` says.
 pub(crate) fn rows<S: Storage + ?Sized>(
-    arg: &'static str,
+    s: &'static Spec,
     buf: &S,
     d: &TensorDesc,
     width: usize,
     row_align: usize,
 ) -> Result<RowsPlan> {
+    let arg = s.arg;
+    s.dtype(d)?;
     if d.rank() != 2 || d.shape()[1] != width || d.strides()[1] != 1 {
         return Err(shape_err(
             arg,
@@ -410,7 +383,7 @@ pub(crate) fn rows<S: Storage + ?Sized>(
             format!("row stride {} overlaps rows of {width}", d.strides()[0]),
         ));
     }
-    aligned(arg, d, 16)?;
+    s.aligned(d)?;
     extent(arg, buf, d)?;
     fits_i32(arg, "row stride", d.strides()[0])?;
     fits_i32(arg, "rows", d.shape()[0])?;
@@ -447,9 +420,9 @@ fn ratio(cr: u32) -> Result<()> {
     }
 }
 
-fn ring<S: Storage + ?Sized>(arg: &'static str, t: &TensorMut<'_, S>) -> Result<RingPlan> {
-    let d = &t.desc;
-    dtype(arg, d, &[DType::F32], "F32")?;
+fn ring<S: Storage + ?Sized>(s: &'static Spec, t: &TensorMut<'_, S>) -> Result<RingPlan> {
+    let (arg, d) = (s.arg, &t.desc);
+    s.dtype(d)?;
     if d.rank() != 3 || d.shape()[2] != 1024 || d.strides()[2] != 1 {
         return Err(shape_err(
             arg,
@@ -500,7 +473,7 @@ fn ring<S: Storage + ?Sized>(arg: &'static str, t: &TensorMut<'_, S>) -> Result<
             ),
         ));
     }
-    aligned(arg, d, 16)?;
+    s.aligned(d)?;
     extent(arg, &*t.buf, d)?;
     fits_i32(arg, "block stride", d.strides()[0])?;
     fits_i32(arg, "row stride", row_stride)?;
@@ -542,24 +515,19 @@ pub const MAX_TOKENS: usize = 1 << 24;
 pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<CompressPlan> {
     ratio(a.compress_ratio)?;
     let cr = a.compress_ratio as usize;
-    dtype("kv_score", &a.kv_score.desc, &[DType::F32], "F32")?;
-    let kv_score = rows("kv_score", a.kv_score.buf, &a.kv_score.desc, DIM * cr, 16)?;
-    let positions = index("positions", &a.positions)?;
-    let slots = index("slot_mapping", &a.slot_mapping)?;
-    dtype(
-        "rms_norm_weight",
-        &a.rms_norm_weight.desc,
-        &[DType::BF16],
-        "BF16",
-    )?;
+    let c = &COMPRESS;
+    let kv_score = rows(&c.kv_score, a.kv_score.buf, &a.kv_score.desc, DIM * cr, 16)?;
+    let positions = index(&c.positions, &a.positions)?;
+    let slots = index(&c.slot_mapping, &a.slot_mapping)?;
     let w = &a.rms_norm_weight.desc;
+    c.rms_norm_weight.dtype(w)?;
     if w.shape() != [DIM] || !w.is_contiguous() {
         return Err(shape_err(
             "rms_norm_weight",
             format!("expected contiguous [512], got {:?}", w.shape()),
         ));
     }
-    aligned("rms_norm_weight", w, 16)?;
+    c.rms_norm_weight.aligned(w)?;
     extent("rms_norm_weight", a.rms_norm_weight.buf, w)?;
     if !a.rms_norm_eps.is_finite() || a.rms_norm_eps < 0.0 {
         return Err(Error::Value {
@@ -567,8 +535,8 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
             problem: format!("{}, expected a finite value >= 0", a.rms_norm_eps),
         });
     }
-    dtype("latent_out", &a.latent_out.desc, &[DType::BF16], "BF16")?;
     let ld = &a.latent_out.desc;
+    c.latent_out.dtype(ld)?;
     if ld.shape() != [kv_score.rows, DIM] || !ld.is_contiguous() {
         return Err(shape_err(
             "latent_out",
@@ -579,7 +547,7 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
             ),
         ));
     }
-    let latent = rows("latent_out", &*a.latent_out.buf, ld, DIM, 8)?;
+    let latent = rows(&c.latent_out, &*a.latent_out.buf, ld, DIM, 8)?;
     let n = slots.len;
     n_tokens(
         n,
@@ -592,12 +560,12 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
             arg: "state_cache",
             problem: "required for compress_ratio 2",
         })?;
-        ring_p = Some(ring("state_cache", st)?);
+        ring_p = Some(ring(&c.state_cache, st)?);
         let q = a.query_start_loc.as_ref().ok_or(Error::Missing {
             arg: "query_start_loc",
             problem: "required for compress_ratio 2",
         })?;
-        let q = index("query_start_loc", q)?;
+        let q = index(&c.query_start_loc, q)?;
         if q.len == 0 || q.len - 1 > MAX_TOKENS {
             return Err(shape_err(
                 "query_start_loc",
@@ -612,14 +580,13 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
             arg: "token_to_req_indices",
             problem: "required for compress_ratio 2",
         })?;
-        let t = index("token_to_req_indices", t)?;
+        let t = index(&c.token_to_req_indices, t)?;
         n_tokens(n, &[("token_to_req_indices", t.len)])?;
         ttr = Some(t);
         match (&a.prev_rows, &a.prev_row_indices) {
             (Some(p), Some(pi)) => {
-                dtype("prev_rows", &p.desc, &[DType::F32], "F32")?;
-                prev = Some(rows("prev_rows", p.buf, &p.desc, 1024, 16)?);
-                let pi = index("prev_row_indices", pi)?;
+                prev = Some(rows(&c.prev_rows, p.buf, &p.desc, 1024, 16)?);
+                let pi = index(&c.prev_row_indices, pi)?;
                 if pi.len < q.len - 1 {
                     return Err(shape_err(
                         "prev_row_indices",
@@ -660,13 +627,18 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
     })
 }
 
-fn cache<S: Storage + ?Sized>(kv: &TensorMut<'_, S>) -> Result<CachePlan> {
-    cache_view(&*kv.buf, &kv.desc)
+fn cache<S: Storage + ?Sized>(s: &'static Spec, kv: &TensorMut<'_, S>) -> Result<CachePlan> {
+    cache_view(s, &*kv.buf, &kv.desc)
 }
 
 /// A cache tensor (written or only read) into its plan.
-pub(crate) fn cache_view<S: Storage + ?Sized>(buf: &S, d: &TensorDesc) -> Result<CachePlan> {
-    let arg = "kv_cache";
+pub(crate) fn cache_view<S: Storage + ?Sized>(
+    s: &'static Spec,
+    buf: &S,
+    d: &TensorDesc,
+) -> Result<CachePlan> {
+    let arg = s.arg;
+    s.dtype(d)?;
     let layout = match d.dtype {
         DType::U8 => {
             let w = *d.shape().last().unwrap_or(&0);
@@ -679,13 +651,7 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(buf: &S, d: &TensorDesc) -> Result
         }
         DType::BF16 => RecordLayout::Bf16Rows,
         DType::F8E4M3 => RecordLayout::Fp8Rows,
-        other => {
-            return Err(Error::DType {
-                arg,
-                got: other.to_string(),
-                expected: "U8 (paged), BF16 or F8_E4M3 (rows)",
-            })
-        }
+        _ => return Err(s.dtype_err(d)),
     };
     let esz = d.dtype.size();
     let (blocks, block_size, block_stride, row_stride);
@@ -771,7 +737,7 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(buf: &S, d: &TensorDesc) -> Result
             "block_size (dim 1) must be at least 1".into(),
         ));
     }
-    aligned(arg, d, 16)?;
+    s.aligned(d)?;
     extent(arg, buf, d)?;
     fits_i32(arg, "block stride (bytes)", block_stride)?;
     fits_i32(arg, "row stride (bytes)", row_stride)?;
@@ -787,14 +753,9 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(buf: &S, d: &TensorDesc) -> Result
     })
 }
 
-fn cos_sin<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<(RowsPlan, bool)> {
+fn cos_sin<S: Storage + ?Sized>(s: &'static Spec, t: &Tensor<'_, S>) -> Result<(RowsPlan, bool)> {
     let d = &t.desc;
-    dtype(
-        "cos_sin_cache",
-        d,
-        &[DType::F32, DType::BF16],
-        "F32 or BF16",
-    )?;
+    s.dtype(d)?;
     if d.rank() != 2 || d.shape()[1] < 64 || d.strides()[1] != 1 {
         return Err(shape_err(
             "cos_sin_cache",
@@ -805,7 +766,7 @@ fn cos_sin<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<(RowsPlan, bool)> {
             ),
         ));
     }
-    aligned("cos_sin_cache", d, d.dtype.size())?;
+    s.aligned(d)?;
     extent("cos_sin_cache", t.buf, d)?;
     fits_i32("cos_sin_cache", "row stride", d.strides()[0])?;
     fits_i32("cos_sin_cache", "rows", d.shape()[0])?;
@@ -824,19 +785,20 @@ fn cos_sin<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<(RowsPlan, bool)> {
 }
 
 pub(crate) fn fp8_scale<S: Storage + ?Sized>(
+    s: &'static Spec,
     layout: RecordLayout,
     t: &Option<Tensor<'_, S>>,
 ) -> Result<Option<usize>> {
     match (layout, t) {
         (RecordLayout::Fp8Rows, Some(t)) => {
-            dtype("fp8_scale", &t.desc, &[DType::F32], "F32")?;
+            s.dtype(&t.desc)?;
             if t.desc.numel() != 1 {
                 return Err(shape_err(
                     "fp8_scale",
                     format!("expected one element, got shape {:?}", t.desc.shape()),
                 ));
             }
-            aligned("fp8_scale", &t.desc, 4)?;
+            s.aligned(&t.desc)?;
             extent("fp8_scale", t.buf, &t.desc)?;
             Ok(Some(t.desc.offset))
         }
@@ -855,16 +817,17 @@ pub(crate) fn fp8_scale<S: Storage + ?Sized>(
 /// Validates `rope_quant_insert`'s arguments.
 pub fn plan_insert<S: Storage + ?Sized>(a: &InsertArgs<'_, S>) -> Result<InsertPlan> {
     ratio(a.compress_ratio)?;
-    dtype("latent", &a.latent.desc, &[DType::BF16], "BF16")?;
+    let i = &INSERT;
+    i.latent.dtype(&a.latent.desc)?;
     if !a.latent.desc.is_contiguous() {
         return Err(shape_err("latent", "must be contiguous".into()));
     }
-    let latent = rows("latent", a.latent.buf, &a.latent.desc, DIM, 8)?;
-    let positions = index("positions", &a.positions)?;
-    let slots = index("slot_mapping", &a.slot_mapping)?;
-    let (cs, cs_bf16) = cos_sin(&a.cos_sin_cache)?;
-    let cache = cache(&a.kv_cache)?;
-    let fp8 = fp8_scale(cache.layout, &a.fp8_scale)?;
+    let latent = rows(&i.latent, a.latent.buf, &a.latent.desc, DIM, 8)?;
+    let positions = index(&i.positions, &a.positions)?;
+    let slots = index(&i.slot_mapping, &a.slot_mapping)?;
+    let (cs, cs_bf16) = cos_sin(&i.cos_sin_cache, &a.cos_sin_cache)?;
+    let cache = cache(&i.kv_cache, &a.kv_cache)?;
+    let fp8 = fp8_scale(&i.fp8_scale, cache.layout, &a.fp8_scale)?;
     n_tokens(
         slots.len,
         &[("latent", latent.rows), ("positions", positions.len)],
@@ -884,9 +847,8 @@ pub fn plan_insert<S: Storage + ?Sized>(a: &InsertArgs<'_, S>) -> Result<InsertP
 
 /// Validates `save_ring_rows`'s arguments.
 pub fn plan_ring_rows<S: Storage + ?Sized>(a: &RingArgs<'_, S>) -> Result<RingRowsPlan> {
-    dtype("rows", &a.rows.desc, &[DType::F32], "F32")?;
-    let r = rows("rows", a.rows.buf, &a.rows.desc, 1024, 4)?;
-    let slots = index("slot_mapping", &a.slot_mapping)?;
+    let r = rows(&RING.rows, a.rows.buf, &a.rows.desc, 1024, 4)?;
+    let slots = index(&RING.slot_mapping, &a.slot_mapping)?;
     if slots.len != r.rows {
         return Err(shape_err(
             "slot_mapping",
@@ -896,7 +858,7 @@ pub fn plan_ring_rows<S: Storage + ?Sized>(a: &RingArgs<'_, S>) -> Result<RingRo
             ),
         ));
     }
-    let ring = ring("state_cache", &a.state_cache)?;
+    let ring = ring(&RING.state_cache, &a.state_cache)?;
     n_tokens(slots.len, &[])?;
     Ok(RingRowsPlan {
         n: slots.len,
@@ -909,7 +871,8 @@ pub fn plan_ring_rows<S: Storage + ?Sized>(a: &RingArgs<'_, S>) -> Result<RingRo
 /// Validates the fused compress + insert.
 pub fn plan_fused<S: Storage + ?Sized>(a: &FusedArgs<'_, S>) -> Result<FusedPlan> {
     let compress = plan_compress(&a.compress)?;
-    let slots = index("cache_slot_mapping", &a.cache_slot_mapping)?;
+    let f = &FUSED_INSERT;
+    let slots = index(&f.cache_slot_mapping, &a.cache_slot_mapping)?;
     if slots.len != compress.n {
         return Err(shape_err(
             "cache_slot_mapping",
@@ -919,9 +882,9 @@ pub fn plan_fused<S: Storage + ?Sized>(a: &FusedArgs<'_, S>) -> Result<FusedPlan
             ),
         ));
     }
-    let (cs, cs_bf16) = cos_sin(&a.cos_sin_cache)?;
-    let cache = cache(&a.kv_cache)?;
-    let fp8 = fp8_scale(cache.layout, &a.fp8_scale)?;
+    let (cs, cs_bf16) = cos_sin(&f.cos_sin_cache, &a.cos_sin_cache)?;
+    let cache = cache(&f.kv_cache, &a.kv_cache)?;
+    let fp8 = fp8_scale(&f.fp8_scale, cache.layout, &a.fp8_scale)?;
     Ok(FusedPlan {
         insert: InsertPlan {
             n: compress.n,

@@ -38,14 +38,14 @@ macro_rules! ptrs {
 }
 
 /// A gather's pointer block.
-pub fn gather_ptrs<S: DevAddr>(t: &GatherTensors<'_, S>, counters: u64) -> GatherPtrs {
+pub fn gather_ptrs<S: DevAddr>(t: &GatherTensors<Bound<'_, S>>, counters: u64) -> GatherPtrs {
     ptrs!(GatherPtrs, t, counters; cache: kv_cache, slots: slot_mapping,
         block_table: block_table, cu_seq_lens: cu_seq_lens, seq_starts: seq_starts,
         fp8_scale: fp8_scale, out: out)
 }
 
 /// The compressor's pointer block.
-pub fn compress_ptrs<S: DevAddr>(t: &CompressTensors<'_, S>, counters: u64) -> CompressPtrs {
+pub fn compress_ptrs<S: DevAddr>(t: &CompressTensors<Bound<'_, S>>, counters: u64) -> CompressPtrs {
     ptrs!(CompressPtrs, t, counters; kv_score: kv_score, positions: positions,
         slots: slot_mapping, weight: rms_norm_weight, latent: latent_out, ring: state_cache,
         qsl: query_start_loc, ttr: token_to_req_indices, prev_rows: prev_rows,
@@ -53,20 +53,20 @@ pub fn compress_ptrs<S: DevAddr>(t: &CompressTensors<'_, S>, counters: u64) -> C
 }
 
 /// An insert's pointer block.
-pub fn insert_ptrs<S: DevAddr>(t: &InsertTensors<'_, S>, counters: u64) -> InsertPtrs {
+pub fn insert_ptrs<S: DevAddr>(t: &InsertTensors<Bound<'_, S>>, counters: u64) -> InsertPtrs {
     ptrs!(InsertPtrs, t, counters; latent: latent, positions: positions, slots: slot_mapping,
         cos_sin: cos_sin_cache, cache: kv_cache, fp8_scale: fp8_scale)
 }
 
 /// A `save_ring_rows` launch's three addresses (rows, slots, ring).
-pub fn ring_ptrs<S: DevAddr>(t: &RingTensors<'_, S>) -> (u64, u64, u64) {
+pub fn ring_ptrs<S: DevAddr>(t: &RingTensors<Bound<'_, S>>) -> (u64, u64, u64) {
     (base(&t.rows), base(&t.slot_mapping), base(&t.state_cache))
 }
 
 /// The fused insert part's pointer block; its latent is the compressor's
 /// output and its positions the compressor's (the parameter block links
 /// them).
-pub fn fused_insert_ptrs<S: DevAddr>(t: &FusedTensors<'_, S>, counters: u64) -> InsertPtrs {
+pub fn fused_insert_ptrs<S: DevAddr>(t: &FusedTensors<Bound<'_, S>>, counters: u64) -> InsertPtrs {
     ptrs!(InsertPtrs, t, counters; latent: compress.latent_out, positions: compress.positions,
         slots: insert.cache_slot_mapping, cos_sin: insert.cos_sin_cache,
         cache: insert.kv_cache, fp8_scale: insert.fp8_scale)

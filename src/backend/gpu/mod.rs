@@ -136,7 +136,7 @@ macro_rules! raw_op {
         ) -> Result<()> {
             let ($p, t) = ($plan(args)?, args.tensors());
             let launch = |c| self.$on(&$p, &t, c, stream $(, $sanitize)?);
-            self.raw_go($n, |f| t.each(f), raw_counters, launch)
+            self.raw_go($n, |f| t.each(|_, b| f(b)), raw_counters, launch)
         }
     };
 }
@@ -381,7 +381,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn compress_on<S: DevAddr>(
         &self,
         p: &CompressPlan,
-        t: &CompressTensors<'_, S>,
+        t: &CompressTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
     ) -> Result<CallRows> {
@@ -395,7 +395,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn insert_on<S: DevAddr>(
         &self,
         p: &InsertPlan,
-        t: &InsertTensors<'_, S>,
+        t: &InsertTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
         sanitize: bool,
@@ -410,7 +410,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn ring_on<S: DevAddr>(
         &self,
         p: &RingRowsPlan,
-        t: &RingTensors<'_, S>,
+        t: &RingTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
     ) -> Result<CallRows> {
@@ -425,7 +425,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn fused_on<S: DevAddr>(
         &self,
         p: &FusedPlan,
-        t: &FusedTensors<'_, S>,
+        t: &FusedTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
         sanitize: bool,
@@ -445,7 +445,7 @@ impl<D: Driver> GpuBackend<D> {
     unsafe fn gather_on<S: DevAddr>(
         &self,
         p: &GatherPlan,
-        t: &GatherTensors<'_, S>,
+        t: &GatherTensors<Bound<'_, S>>,
         counters: u64,
         stream: RawStream,
     ) -> Result<CallRows> {

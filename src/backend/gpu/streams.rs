@@ -152,7 +152,7 @@ macro_rules! safe_op {
             // SAFETY: the plan checked every view against its buffer's
             // length, `go` that the buffers are this backend's; they stay
             // borrowed for the call.
-            self.go($n, |f| t.each(f), |g, c, s| unsafe {
+            self.go($n, |f| t.each(|_, b| f(b)), |g, c, s| unsafe {
                 g.$on(&$p, &t, c, s $(, self.$sanitize)?)
             })
         }

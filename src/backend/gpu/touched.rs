@@ -59,7 +59,7 @@ fn indexed<S: DevAddr>(
 
 /// The CR2 compressor's ring store (without predecessor rows): the ring
 /// rows its slots name.
-fn ring_store<S: DevAddr>(p: &CompressPlan, t: &CompressTensors<'_, S>) -> Option<Part> {
+fn ring_store<S: DevAddr>(p: &CompressPlan, t: &CompressTensors<Bound<'_, S>>) -> Option<Part> {
     (p.ring.is_some() && p.prev_rows.is_none())
         .then(|| indexed("state_cache", &t.slot_mapping, &p.slots, p.n))
         .flatten()
@@ -72,7 +72,7 @@ impl CallRows {
         parts: [None; 3],
     };
 
-    pub(super) fn insert<S: DevAddr>(p: &InsertPlan, t: &InsertTensors<'_, S>) -> Self {
+    pub(super) fn insert<S: DevAddr>(p: &InsertPlan, t: &InsertTensors<Bound<'_, S>>) -> Self {
         CallRows {
             op: "rope_quant_insert",
             parts: [
@@ -83,7 +83,7 @@ impl CallRows {
         }
     }
 
-    pub(super) fn ring<S: DevAddr>(p: &RingRowsPlan, t: &RingTensors<'_, S>) -> Self {
+    pub(super) fn ring<S: DevAddr>(p: &RingRowsPlan, t: &RingTensors<Bound<'_, S>>) -> Self {
         CallRows {
             op: "save_ring_rows",
             parts: [
@@ -94,7 +94,7 @@ impl CallRows {
         }
     }
 
-    pub(super) fn compress<S: DevAddr>(p: &CompressPlan, t: &CompressTensors<'_, S>) -> Self {
+    pub(super) fn compress<S: DevAddr>(p: &CompressPlan, t: &CompressTensors<Bound<'_, S>>) -> Self {
         CallRows {
             op: "fused_save_compress_norm",
             parts: [
@@ -108,7 +108,7 @@ impl CallRows {
         }
     }
 
-    pub(super) fn fused<S: DevAddr>(p: &FusedPlan, t: &FusedTensors<'_, S>) -> Self {
+    pub(super) fn fused<S: DevAddr>(p: &FusedPlan, t: &FusedTensors<Bound<'_, S>>) -> Self {
         let c = &p.compress;
         CallRows {
             op: "fused_compress_insert",

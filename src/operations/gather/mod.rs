@@ -38,8 +38,8 @@ pub use crate::ops::{GatherArgs, GatherIndex};
 use crate::error::Result;
 use crate::layout::DIM;
 use crate::ops::{
-    aligned, cache_view, dtype, extent, fits_i32, fp8_scale, index, rows, shape_err, CachePlan,
-    IndexPlan, RowsPlan, MAX_TOKENS,
+    cache_view, extent, fits_i32, fp8_scale, index, rows, shape_err, CachePlan, IndexPlan,
+    RowsPlan, GATHER, MAX_TOKENS,
 };
 use crate::tensor::{DType, Storage, Tensor};
 
@@ -127,9 +127,9 @@ impl TablePlan {
 }
 
 fn block_table<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<TablePlan> {
-    let arg = "block_table";
-    let d = &t.desc;
-    dtype(arg, d, &[DType::I32, DType::I64], "I32 or I64")?;
+    let s = &GATHER.block_table;
+    let (arg, d) = (s.arg, &t.desc);
+    s.dtype(d)?;
     if d.rank() != 2 || (d.shape()[1] > 1 && d.strides()[1] != 1) {
         return Err(shape_err(
             arg,
@@ -140,7 +140,7 @@ fn block_table<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<TablePlan> {
             ),
         ));
     }
-    aligned(arg, d, d.dtype.size())?;
+    s.aligned(d)?;
     extent(arg, t.buf, d)?;
     let (rows, cols) = (d.shape()[0], d.shape()[1]);
     fits_i32(arg, "rows", rows)?;
@@ -157,13 +157,14 @@ fn block_table<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<TablePlan> {
 
 /// Validates `gather_dequant`'s arguments.
 pub fn plan_gather<S: Storage + ?Sized>(a: &GatherArgs<'_, S>) -> Result<GatherPlan> {
-    let cache = cache_view(a.kv_cache.buf, &a.kv_cache.desc)?;
-    let fp8 = fp8_scale(cache.layout, &a.fp8_scale)?;
+    let g = &GATHER;
+    let cache = cache_view(&g.kv_cache, a.kv_cache.buf, &a.kv_cache.desc)?;
+    let fp8 = fp8_scale(&g.fp8_scale, cache.layout, &a.fp8_scale)?;
     let od = &a.out.desc;
-    dtype("out", od, &[DType::BF16, DType::F32], "BF16 or F32")?;
+    g.out.dtype(od)?;
     let out_f32 = od.dtype == DType::F32;
     // 16-byte rows: 8 BF16 or 4 F32 elements.
-    let out = rows("out", &*a.out.buf, od, DIM, if out_f32 { 4 } else { 8 })?;
+    let out = rows(&g.out, &*a.out.buf, od, DIM, if out_f32 { 4 } else { 8 })?;
     if out.rows > MAX_TOKENS {
         return Err(shape_err(
             "out",
@@ -172,7 +173,7 @@ pub fn plan_gather<S: Storage + ?Sized>(a: &GatherArgs<'_, S>) -> Result<GatherP
     }
     let (n, addressing) = match &a.index {
         GatherIndex::Slots { slot_mapping } => {
-            let s = index("slot_mapping", slot_mapping)?;
+            let s = index(&g.slot_mapping, slot_mapping)?;
             if s.len > out.rows {
                 return Err(shape_err(
                     "out",
@@ -189,7 +190,7 @@ pub fn plan_gather<S: Storage + ?Sized>(a: &GatherArgs<'_, S>) -> Result<GatherP
             cu_seq_lens,
             seq_starts,
         } => {
-            let cu = index("cu_seq_lens", cu_seq_lens)?;
+            let cu = index(&g.cu_seq_lens, cu_seq_lens)?;
             if cu.len == 0 || cu.len - 1 > MAX_TOKENS {
                 return Err(shape_err(
                     "cu_seq_lens",
@@ -212,7 +213,7 @@ pub fn plan_gather<S: Storage + ?Sized>(a: &GatherArgs<'_, S>) -> Result<GatherP
             }
             let starts = match seq_starts {
                 Some(t) => {
-                    let s = index("seq_starts", t)?;
+                    let s = index(&g.seq_starts, t)?;
                     if s.len < reqs {
                         return Err(shape_err(
                             "seq_starts",
