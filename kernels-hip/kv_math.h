@@ -73,8 +73,12 @@ KV_DEVICE float kv_min_nan_ignoring(float a, float b) { return (b < a || a != a)
 KV_DEVICE float kv_e4m3_nan_to_max(float v) { return kv_fmin_nan_ignoring(v, 448.0f); }
 
 // Largest j with log2(1 + j 2^-23) < 2^-q, for q = 18..25: 22 >> (q - 18)
-// (math::LOG2_ROUNDS_DOWN, tested equal to it).
-KV_DEVICE uint32_t kv_log2_rounds_down(int q) { return 22u >> (uint32_t)(q - 18); }
+// (math::LOG2_ROUNDS_DOWN, tested equal to it). An infinite block max asks
+// for q = 17 and discards the result; the shift amount is taken mod 32, as
+// math::log2_rounds_down's wrapping_shr does, so that no shift is by 32 or
+// more (undefined in C++). The mask costs no instruction: nvcc takes the
+// wrapping shift (SHF.R.W) for it, and AMD's shifts read five bits only.
+KV_DEVICE uint32_t kv_log2_rounds_down(int q) { return 22u >> ((uint32_t)(q - 18) & 31u); }
 
 // ceil(log2f(x)) for the block scale; returns false for an infinite x.
 // Selects rather than early exits: it sits on every block's critical path.

@@ -173,8 +173,9 @@ pub fn block_scale_exponent(x: f32) -> Option<i32> {
 }
 
 /// [`LOG2_ROUNDS_DOWN`]`[q]` as the kernels compute it: `22 >> (q - 18)`.
-/// For an infinite `x` (`q` = 17, result unused) the shift wraps as the
-/// kernels' does, where a plain `>>` panics in a debug build.
+/// For an infinite `x` (`q` = 17, result unused) the shift amount wraps
+/// mod 32, as `kv_log2_rounds_down`'s mask does, where a plain `>>` panics
+/// in a debug build.
 #[inline]
 fn log2_rounds_down(q: i32) -> u32 {
     22u32.wrapping_shr((q - 18) as u32)
