@@ -24,7 +24,7 @@ struct KvCompressParams {
     const void* slots;        // slot_mapping (I32 or I64: flags)
     const void* qsl;          // query_start_loc (CR2)
     const void* ttr;          // token_to_req_indices (CR2)
-    const uint16_t* weight;   // rms_norm_weight (BF16)
+    const uint16_t* weight;   // rms_norm_weight (BF16, or F32 / F16: flags)
     uint16_t* latent;         // latent_out (BF16)
     float* ring;              // state_cache (CR2)
     const float* prev_rows;   // prev_rows (CR2, context parallel)
@@ -48,7 +48,7 @@ struct KvInsertParams {
     const uint16_t* latent;   // latent (BF16)
     const void* positions;    // positions (I32 or I64: flags)
     const void* slots;        // slot_mapping (I32 or I64: flags)
-    const void* cos_sin;      // cos_sin_cache (F32 or BF16: flags)
+    const void* cos_sin;      // cos_sin_cache (F32, BF16 or F16: flags)
     uint8_t* cache;           // kv_cache
     const float* fp8_scale;   // fp8_scale (FP8 rows)
     unsigned* counters;       // skip counters: slot, position, index
@@ -133,6 +133,13 @@ struct KvGatherParams {
 #define KV_F_SANITIZE 256u
 // CR2 team launches: a token block checks one token per group (kv_cr2_token_block).
 #define KV_F_SCREEN_TOKENS 512u
+// Input dtypes only the generic kernels (the `_wide` ones) read: an F16
+// cos/sin table (KvInsertParams), an F16 or F32 norm weight
+// (KvCompressParams). Without them the table is F32 or BF16 (KV_F_COS_BF16)
+// and the weight BF16, as the tuned kernels read them.
+#define KV_F_COS_F16 1024u
+#define KV_F_W_F16 2048u
+#define KV_F_W_F32 32768u
 // Bits 12..14: log2 of the groups in a block (the host picks the block size).
 #define KV_F_GROUPS_LOG2_SHIFT 12u
 
@@ -246,7 +253,24 @@ struct KvGatherParams {
     X(kv_gather_bf16_bf16_split, KvGatherParams)       \
     X(kv_gather_bf16_f32_split, KvGatherParams)        \
     X(kv_gather_fp8_bf16_split, KvGatherParams)        \
-    X(kv_gather_fp8_f32_split, KvGatherParams)
+    X(kv_gather_fp8_f32_split, KvGatherParams)         \
+    X(kv_compress_cr1_wide, KvCompressParams)          \
+    X(kv_compress_cr2_wide, KvCompressParams)          \
+    X(kv_insert_v4_wide, KvInsertParams)               \
+    X(kv_insert_mxfp8_wide, KvInsertParams)            \
+    X(kv_insert_nvfp4_wide, KvInsertParams)            \
+    X(kv_insert_bf16_wide, KvInsertParams)             \
+    X(kv_insert_fp8_wide, KvInsertParams)              \
+    X(kv_fused_cr1_v4_wide, KvFusedParams)             \
+    X(kv_fused_cr1_mxfp8_wide, KvFusedParams)          \
+    X(kv_fused_cr1_nvfp4_wide, KvFusedParams)          \
+    X(kv_fused_cr1_bf16_wide, KvFusedParams)           \
+    X(kv_fused_cr1_fp8_wide, KvFusedParams)            \
+    X(kv_fused_cr2_v4_wide, KvFusedParams)             \
+    X(kv_fused_cr2_mxfp8_wide, KvFusedParams)          \
+    X(kv_fused_cr2_nvfp4_wide, KvFusedParams)          \
+    X(kv_fused_cr2_bf16_wide, KvFusedParams)           \
+    X(kv_fused_cr2_fp8_wide, KvFusedParams)
 
 // Field offsets computed by build.rs from the structs above, checked against
 // this compiler's layout (the Rust structs are checked against the same

@@ -1,18 +1,18 @@
 //! Exhaustive and exact checks of the number formats and the shared math:
-//! BF16 against `half` on every f32, e4m3 against `float8` and against an
-//! exact reference, e2m1 on every code, tie and neighbour, UE8M0 on every
-//! byte, `math::exp`'s worst ulp error over `[-104, 0]`, and
+//! BF16 against `half` on every f32, F16's decode on every code, e4m3
+//! against `float8` and against an exact reference, e2m1 on every code, tie
+//! and neighbour, UE8M0 on every byte, `math::exp`'s worst ulp error over `[-104, 0]`, and
 //! `math::block_scale_exponent` against f64 `log2` for every exponent.
 //!
 //! The 2^32 sweeps run in parallel with rayon over chunks of 2^20 inputs.
 
 use dsv4_kvcache::formats::{
     bf16_from_f32, bf16_to_f32, e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, e4m3_to_f32,
-    ue8m0_to_f32,
+    f16_to_f32, ue8m0_to_f32,
 };
 use dsv4_kvcache::math::{block_scale_exponent, exp, exp_nonpos};
 use float8::F8E4M3;
-use half::bf16;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// The first input of `lo..hi` (bit patterns, `hi` exclusive, as u64) for
@@ -93,6 +93,41 @@ fn bf16_decode_every_code_against_half() {
         } else {
             assert_eq!(ours.to_bits(), theirs.to_bits(), "code {h:#06x}");
             assert_eq!(bf16_from_f32(ours), h, "round trip of {h:#06x}");
+        }
+    }
+}
+
+// ---- F16 (decoded only: weights and cos/sin tables) ------------------------------
+
+/// The exact value of a non-NaN F16 code, from its fields.
+fn f16_value(h: u16) -> f64 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let e = ((h >> 10) & 0x1f) as i32;
+    let m = (h & 0x3ff) as f64;
+    sign * match e {
+        0 => m * 2f64.powi(-24),
+        31 => f64::INFINITY,
+        _ => (1024.0 + m) * 2f64.powi(e - 25),
+    }
+}
+
+/// Every F16 code decodes to its exact value (from the fields, and as
+/// `half` gives it); a NaN code keeps its sign and payload in the f32's top
+/// bits, where `half` also sets the quiet bit.
+#[test]
+fn f16_decode_every_code() {
+    for h in 0..=u16::MAX {
+        let ours = f16_to_f32(h);
+        let theirs = f16::from_bits(h).to_f32();
+        if (h & 0x7fff) > 0x7c00 {
+            let kept = (((h & 0x8000) as u32) << 16) | 0x7f80_0000 | (((h & 0x3ff) as u32) << 13);
+            assert_eq!(ours.to_bits(), kept, "code {h:#06x}");
+            assert!(theirs.is_nan(), "code {h:#06x}");
+            assert_eq!(theirs.to_bits(), kept | 0x0040_0000, "half quiets {h:#06x}");
+        } else {
+            assert_eq!(ours.to_bits(), theirs.to_bits(), "code {h:#06x}");
+            assert_eq!(ours as f64, f16_value(h), "code {h:#06x}");
+            assert_eq!(f16::from_f32(ours).to_bits(), h, "round trip of {h:#06x}");
         }
     }
 }

@@ -543,6 +543,7 @@ fn prefill_spec(
         qsl,
         ttr,
         weight: weight.to_vec(),
+        weight_dtype: DType::BF16,
         ring: Some(ring.clone()),
         prev: None,
         index_i64: p.index_i64,
@@ -808,7 +809,7 @@ fn wide_latent(rng: &mut Prng) -> Vec<u16> {
     v
 }
 
-fn wide_insert_case(seed: u64, layout: RecordLayout, cr: u32, cos_bf16: bool) -> Case {
+fn wide_insert_case(seed: u64, layout: RecordLayout, cr: u32, cos_dtype: DType) -> Case {
     let mut rng = Prng::new(seed);
     let n = 1 + rng.below(4);
     let latent: Vec<u16> = (0..n).flat_map(|_| wide_latent(&mut rng)).collect();
@@ -832,7 +833,7 @@ fn wide_insert_case(seed: u64, layout: RecordLayout, cr: u32, cos_bf16: bool) ->
         latent,
         positions,
         slots,
-        cos_sin: CosSinSpec::rotations(&mut rng, 16, cos_bf16),
+        cos_sin: CosSinSpec::rotations(&mut rng, 16, cos_dtype),
         cache,
         index_i64: false,
         geo: Geo::PLAIN,
@@ -1055,9 +1056,9 @@ proptest! {
         seed in any::<u64>(),
         layout in proptest::sample::select(RecordLayout::ALL.to_vec()),
         cr in 1u32..=2,
-        cos_bf16 in any::<bool>(),
+        cos_dtype in proptest::sample::select(INPUT_FLOATS.to_vec()),
     ) {
-        check_decode(&wide_insert_case(seed, layout, cr, cos_bf16));
+        check_decode(&wide_insert_case(seed, layout, cr, cos_dtype));
     }
 }
 
@@ -1072,14 +1073,14 @@ fn decode_bounds_hold_on_adversarial_finite_latents() {
             continue;
         }
         for layout in RecordLayout::ALL {
-            for cos_bf16 in [false, true] {
+            for cos_dtype in INPUT_FLOATS {
                 let mut rng = Prng::new(7);
                 let spec = InsertSpec {
                     cr: 1,
                     latent: row.clone(),
                     positions: vec![3],
                     slots: vec![1],
-                    cos_sin: adversarial_cos_sin(cos_bf16),
+                    cos_sin: adversarial_cos_sin(cos_dtype),
                     cache: CacheSpec::random(&mut rng, layout, 2),
                     index_i64: false,
                     geo: Geo::PLAIN,
@@ -1372,7 +1373,7 @@ fn finite_latent_near_bf16_max_can_encode_infinity() {
     let mut lat = vec![0x3f80u16; 512];
     lat[510] = 0x7f7f;
     lat[511] = 0x7f7f;
-    let mut cs = CosSinSpec::rotations(&mut Prng::new(1), 4, false);
+    let mut cs = CosSinSpec::rotations(&mut Prng::new(1), 4, DType::F32);
     for k in 0..32 {
         cs.data[cs.width + k] = std::f32::consts::FRAC_1_SQRT_2;
         cs.data[cs.width + 32 + k] = std::f32::consts::FRAC_1_SQRT_2;
@@ -1512,8 +1513,12 @@ fn zero_rich_case(seed: u64) -> Case {
         positions: (0..n).map(|_| rng.range(0, 15)).collect(),
         slots,
         cos_sin: {
-            let bf16 = rng.chance(0.5);
-            CosSinSpec::rotations(&mut rng, 16, bf16)
+            let dtype = if rng.chance(0.5) {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            CosSinSpec::rotations(&mut rng, 16, dtype)
         },
         cache,
         index_i64: false,
@@ -1675,6 +1680,7 @@ fn negative_query_start_loc_is_skipped_not_a_panic() {
         qsl: vec![-4, 4],
         ttr: vec![0, 0, 0, 0],
         weight: weight(&mut rng),
+        weight_dtype: DType::BF16,
         ring: Some(RingSpec::random(&mut rng, 1, 2, false)),
         prev: None,
         index_i64: false,

@@ -129,9 +129,10 @@ impl Attr {
 }
 
 /// The dtypes the operations take, by torch name.
-const DTYPES: [(&str, DType); 6] = [
+const DTYPES: [(&str, DType); 7] = [
     ("bfloat16", DType::BF16),
     ("float32", DType::F32),
+    ("float16", DType::F16),
     ("int64", DType::I64),
     ("uint8", DType::U8),
     ("int32", DType::I32),
@@ -293,7 +294,7 @@ pub fn read(
         .find(|(d, _)| d.as_ref().is_some_and(|d| d.as_ptr() == dt.as_ptr()));
     let Some((_, (_, dtype))) = found else {
         return Err(PyTypeError::new_err(format!(
-            "{arg}: dtype {dt}, expected one of float32, bfloat16, uint8, float8_e4m3fn, int32, int64 (see the function's documentation for which)"
+            "{arg}: dtype {dt}, expected one of float32, bfloat16, float16, uint8, float8_e4m3fn, int32, int64 (see the function's documentation for which)"
         )));
     };
     // get_device() is the CUDA (HIP) index, or -1 for every other device.
@@ -356,6 +357,7 @@ fn exported(d: &DlTensor) -> Option<View> {
         // kDLBfloat, kDLFloat, kDLInt, kDLUInt, kDLFloat8_e4m3fn.
         (4, 16, 1) => DType::BF16,
         (2, 32, 1) => DType::F32,
+        (2, 16, 1) => DType::F16,
         (0, 64, 1) => DType::I64,
         (1, 8, 1) => DType::U8,
         (0, 32, 1) => DType::I32,

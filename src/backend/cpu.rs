@@ -8,7 +8,7 @@
 
 use super::Backend;
 use crate::error::{Error, Result};
-use crate::formats::bf16_to_f32;
+use crate::formats::{bf16_to_f32, f16_to_f32};
 use crate::gather::{gather_reference, plan_gather, GatherArgs, GatherIndex};
 use crate::layout::{RecordLayout, DIM};
 use crate::ops::{
@@ -17,7 +17,7 @@ use crate::ops::{
     SkipCounts,
 };
 use crate::reference::{encode_record, pool_rows, rms_norm, Record};
-use crate::tensor::{Storage, Tensor, TensorDesc, TensorMut};
+use crate::tensor::{DType, Storage, Tensor, TensorDesc, TensorMut};
 use rayon::prelude::*;
 use std::sync::Mutex;
 
@@ -103,12 +103,19 @@ fn ring_row_offset(r: &RingPlan, block: usize, row: usize) -> usize {
     r.offset + 4 * (block * r.block_stride + row * r.row_stride)
 }
 
-fn rd_weight(b: &[u8], off: usize) -> [f32; DIM] {
-    let mut w = [0.0f32; DIM];
-    for (i, x) in w.iter_mut().enumerate() {
-        *x = bf16_to_f32(rd_u16(b, off + 2 * i));
+/// Element `i` of an F32, BF16 or F16 tensor starting at byte `off`, as
+/// its exact f32 value (the validated input floats).
+fn rd_input_float(b: &[u8], dtype: DType, off: usize, i: usize) -> f32 {
+    match dtype {
+        DType::F32 => rd_f32(b, off + 4 * i),
+        DType::F16 => f16_to_f32(rd_u16(b, off + 2 * i)),
+        // BF16, the one other type validation lets through.
+        _ => bf16_to_f32(rd_u16(b, off + 2 * i)),
     }
-    w
+}
+
+fn rd_weight(b: &[u8], p: &CompressPlan) -> [f32; DIM] {
+    std::array::from_fn(|i| rd_input_float(b, p.weight_dtype, p.weight_offset, i))
 }
 
 // ---- fused_save_compress_norm --------------------------------------------
@@ -345,15 +352,8 @@ fn cache_dest(c: &CachePlan, slot: i64) -> Dest {
 fn cos_sin_row(b: &[u8], p: &InsertPlan, row: usize) -> ([f32; 32], [f32; 32]) {
     let mut c = [0.0f32; 32];
     let mut s = [0.0f32; 32];
-    let esz = if p.cos_sin_bf16 { 2 } else { 4 };
-    let base = p.cos_sin.offset + esz * row * p.cos_sin.row_stride;
-    let rd = |j: usize| {
-        if p.cos_sin_bf16 {
-            bf16_to_f32(rd_u16(b, base + 2 * j))
-        } else {
-            rd_f32(b, base + 4 * j)
-        }
-    };
+    let base = p.cos_sin.offset + p.cos_sin_dtype.size() * row * p.cos_sin.row_stride;
+    let rd = |j: usize| rd_input_float(b, p.cos_sin_dtype, base, j);
     for k in 0..32 {
         c[k] = rd(k);
         s[k] = rd(32 + k);
@@ -465,7 +465,7 @@ fn bind_compress<'a, S: Bytes + ?Sized>(
     CompressIn {
         p,
         kv: a.kv_score.buf.as_ref(),
-        w: rd_weight(a.rms_norm_weight.buf.as_ref(), p.weight_offset),
+        w: rd_weight(a.rms_norm_weight.buf.as_ref(), p),
         ring: a.state_cache.as_ref().map_or(&[], |s| s.buf.as_ref()),
         prev: a.prev_rows.as_ref().map(|t| t.buf.as_ref()),
         positions: Ix::new(a.positions.buf.as_ref(), p.positions),

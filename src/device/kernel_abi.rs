@@ -16,6 +16,7 @@
 
 use crate::layout::RecordLayout;
 use crate::ops::{CompressPlan, FusedPlan, IndexPlan, InsertPlan, RingRowsPlan, SkipCounts};
+use crate::tensor::DType;
 
 /// Threads that handle one token.
 pub const GROUP_LANES: u32 = defines::KV_GROUP_LANES;
@@ -182,6 +183,71 @@ pub fn fused_team_mtp_kernel(layout: RecordLayout) -> Kernel {
     )
 }
 
+/// The generic insert kernel for a layout: reads an F32, BF16 or F16
+/// cos/sin table (the tuned ones read F32 or BF16).
+pub fn insert_wide_kernel(layout: RecordLayout) -> Kernel {
+    use Kernel::*;
+    per_layout(
+        &[
+            InsertV4Wide,
+            InsertMxfp8Wide,
+            InsertNvfp4Wide,
+            InsertBf16Wide,
+            InsertFp8Wide,
+        ],
+        layout,
+    )
+}
+
+/// The generic fused kernel for a compress ratio and layout (one group per
+/// item): reads an F32, BF16 or F16 weight and cos/sin table.
+pub fn fused_wide_kernel(compress_ratio: u32, layout: RecordLayout) -> Kernel {
+    use Kernel::*;
+    if compress_ratio == 1 {
+        per_layout(
+            &[
+                FusedCr1V4Wide,
+                FusedCr1Mxfp8Wide,
+                FusedCr1Nvfp4Wide,
+                FusedCr1Bf16Wide,
+                FusedCr1Fp8Wide,
+            ],
+            layout,
+        )
+    } else {
+        per_layout(
+            &[
+                FusedCr2V4Wide,
+                FusedCr2Mxfp8Wide,
+                FusedCr2Nvfp4Wide,
+                FusedCr2Bf16Wide,
+                FusedCr2Fp8Wide,
+            ],
+            layout,
+        )
+    }
+}
+
+/// The generic compress kernel for a compress ratio (one group per item):
+/// reads an F32, BF16 or F16 weight (the tuned ones read BF16).
+pub fn compress_wide_kernel(compress_ratio: u32) -> Kernel {
+    if compress_ratio == 1 {
+        Kernel::CompressCr1Wide
+    } else {
+        Kernel::CompressCr2Wide
+    }
+}
+
+/// Whether a weight of this type needs the generic compress kernels.
+pub fn weight_needs_wide(weight: DType) -> bool {
+    weight != DType::BF16
+}
+
+/// Whether a cos/sin table of this type needs the generic insert kernels.
+pub fn cos_sin_needs_wide(cos_sin: DType) -> bool {
+    cos_sin == DType::F16
+}
+
 /// The compress kernel for a compress ratio.
 pub fn compress_kernel(compress_ratio: u32) -> Kernel {
     if compress_ratio == 1 {
@@ -211,6 +277,12 @@ pub mod flags {
     pub const COS_BF16: u32 = super::defines::KV_F_COS_BF16;
     /// NaN sanitizing.
     pub const SANITIZE: u32 = super::defines::KV_F_SANITIZE;
+    /// `cos_sin_cache` is F16 (generic insert and fused kernels only).
+    pub const COS_F16: u32 = super::defines::KV_F_COS_F16;
+    /// `rms_norm_weight` is F16 (generic compress and fused kernels only).
+    pub const W_F16: u32 = super::defines::KV_F_W_F16;
+    /// `rms_norm_weight` is F32 (generic compress and fused kernels only).
+    pub const W_F32: u32 = super::defines::KV_F_W_F32;
     /// CR2 team launches: a token block checks one token per group and
     /// pools those that close a group (set at launch from
     /// [`super::Geometry::screen_tokens`]).
@@ -220,8 +292,9 @@ pub mod flags {
     pub const GROUPS_LOG2_SHIFT: u32 = super::defines::KV_F_GROUPS_LOG2_SHIFT;
     /// Mask of the groups-per-block field.
     pub const GROUPS_LOG2_MASK: u32 = 7 << GROUPS_LOG2_SHIFT;
-    // Every other flag sits below the field.
-    const _: () = assert!(SCREEN_TOKENS < 1 << GROUPS_LOG2_SHIFT);
+    // Every other flag sits outside the field.
+    const _: () = assert!((SCREEN_TOKENS | COS_F16 | W_F16) < 1 << GROUPS_LOG2_SHIFT);
+    const _: () = assert!(W_F32 & GROUPS_LOG2_MASK == 0 && W_F32 > GROUPS_LOG2_MASK);
 }
 
 /// Device base addresses of a compress call's buffers (the plan's view
@@ -268,6 +341,11 @@ pub(crate) fn i64_flag(p: &IndexPlan, bit: u32) -> u32 {
 /// Parameter block of a compress plan, given its buffers' base addresses.
 pub fn compress_params(p: &CompressPlan, b: &CompressPtrs) -> CompressParams {
     let mut f = i64_flag(&p.positions, flags::POS_I64) | i64_flag(&p.slots, flags::SLOT_I64);
+    f |= match p.weight_dtype {
+        DType::F32 => flags::W_F32,
+        DType::F16 => flags::W_F16,
+        _ => 0,
+    };
     let mut c = CompressParams {
         kv_score: b.kv_score + p.kv_score.offset as u64,
         positions: b.positions + p.positions.offset as u64,
@@ -307,9 +385,11 @@ pub fn compress_params(p: &CompressPlan, b: &CompressPtrs) -> CompressParams {
 /// Parameter block of an insert plan.
 pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertParams {
     let mut f = i64_flag(&p.positions, flags::POS_I64) | i64_flag(&p.slots, flags::SLOT_I64);
-    if p.cos_sin_bf16 {
-        f |= flags::COS_BF16;
-    }
+    f |= match p.cos_sin_dtype {
+        DType::BF16 => flags::COS_BF16,
+        DType::F16 => flags::COS_F16,
+        _ => 0,
+    };
     if sanitize {
         f |= flags::SANITIZE;
     }
@@ -493,8 +573,14 @@ mod tests {
             if let Some(k) = insert_tiles_kernel(l) {
                 named(k, format!("{}_tiles", insert_kernel(l).name()));
             }
+            named(insert_wide_kernel(l), format!("kv_insert_{suffix}_wide"));
+            named(fused_wide_kernel(1, l), format!("kv_fused_cr1_{suffix}_wide"));
+            named(fused_wide_kernel(2, l), format!("kv_fused_cr2_{suffix}_wide"));
             for k in [
                 insert_kernel(l),
+                insert_wide_kernel(l),
+                fused_wide_kernel(1, l),
+                fused_wide_kernel(2, l),
                 fused_kernel(1, l),
                 fused_kernel(2, l),
                 fused_team_kernel(l),
@@ -510,7 +596,7 @@ mod tests {
                 assert_eq!(k.param_block(), block, "{k:?}");
             }
         }
-        assert_eq!(Kernel::ALL.len(), 77);
+        assert_eq!(Kernel::ALL.len(), 94);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(k.index(), i);
             assert!(k.name().starts_with("kv_"));

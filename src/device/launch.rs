@@ -12,8 +12,9 @@
 
 use crate::error::{Error, Result};
 use crate::kernel_abi::{
-    compress_kernel, fused_kernel, fused_long_kernel, fused_pair_kernel, fused_team_kernel,
-    fused_team_mtp_kernel, insert_kernel, insert_tiles_kernel, Geometry, Kernel, CR2_PAIR_GROUPS,
+    compress_kernel, compress_wide_kernel, cos_sin_needs_wide, fused_kernel, fused_long_kernel,
+    fused_pair_kernel, fused_team_kernel, fused_team_mtp_kernel, fused_wide_kernel, insert_kernel,
+    insert_tiles_kernel, insert_wide_kernel, weight_needs_wide, Geometry, Kernel, CR2_PAIR_GROUPS,
     CR2_POOLED_BYTES, CR2_TEAM_GROUPS, GROUP_LANES,
 };
 use crate::ops::{CompressPlan, FusedPlan, InsertPlan, RingRowsPlan};
@@ -323,13 +324,21 @@ impl LaunchPolicy {
         compress_ratio == 1 && self.insert_tiles.unwrap_or(n > SMALL_LAUNCH_ITEMS)
     }
 
-    /// The launch of an insert plan.
+    /// The launch of an insert plan. An F16 cos/sin table runs the layout's
+    /// generic kernel (a token per group), whatever the policy forces.
     pub fn insert_launch(&self, p: &InsertPlan) -> Launch {
+        let geometry = self.geometry(p.n as u64);
+        if cos_sin_needs_wide(p.cos_sin_dtype) {
+            return Launch {
+                kernel: insert_wide_kernel(p.cache.layout),
+                geometry,
+            };
+        }
         let tiles = insert_tiles_kernel(p.cache.layout)
             .filter(|_| self.insert_uses_tiles(p.compress_ratio, p.n as u64));
         Launch {
             kernel: tiles.unwrap_or_else(|| insert_kernel(p.cache.layout)),
-            geometry: self.geometry(p.n as u64),
+            geometry,
         }
     }
 
@@ -343,16 +352,18 @@ impl LaunchPolicy {
 
     /// The launch of a compress plan's items (`fused`: of a fused plan): the
     /// shape by [`LaunchPolicy::cr2_shape`] for CR2 (one group per item for
-    /// CR1), and `kernel`, the op's kernel for that shape.
+    /// CR1, and for the generic kernels, `wide`), and `kernel`, the op's
+    /// kernel for that shape.
     fn compressor_launch(
         &self,
         p: &CompressPlan,
         fused: bool,
+        wide: bool,
         kernel: impl Fn(Cr2Shape) -> Kernel,
     ) -> Launch {
         let items = compress_items(p);
         let (n, reqs) = (p.n as u64, p.num_reqs() as u64);
-        let shape = if p.compress_ratio == 2 {
+        let shape = if p.compress_ratio == 2 && !wide {
             self.cr2_shape(n, reqs, fused)
         } else {
             Cr2Shape {
@@ -378,9 +389,15 @@ impl LaunchPolicy {
         }
     }
 
-    /// The launch of a compress plan.
+    /// The launch of a compress plan. A weight that is not BF16 runs the
+    /// generic kernels (one group per item), whatever the policy forces.
     pub fn compress_launch(&self, p: &CompressPlan) -> Launch {
-        self.compressor_launch(p, false, |shape| match (shape.items, shape.multi_token) {
+        if weight_needs_wide(p.weight_dtype) {
+            return self.compressor_launch(p, false, true, |_| {
+                compress_wide_kernel(p.compress_ratio)
+            });
+        }
+        self.compressor_launch(p, false, false, |shape| match (shape.items, shape.multi_token) {
             (Cr2Items::Lone, _) => compress_kernel(p.compress_ratio),
             (Cr2Items::Teams, true) => Kernel::CompressCr2TeamMtp,
             (Cr2Items::Teams, false) => Kernel::CompressCr2Team,
@@ -390,12 +407,18 @@ impl LaunchPolicy {
         })
     }
 
-    /// The launch of a fused plan.
+    /// The launch of a fused plan. A weight that is not BF16, or an F16
+    /// cos/sin table, runs the generic kernels (one group per item),
+    /// whatever the policy forces.
     pub fn fused_launch(&self, p: &FusedPlan) -> Launch {
         let layout = p.insert.cache.layout;
-        self.compressor_launch(&p.compress, true, |shape| {
+        let cr = p.compress.compress_ratio;
+        if weight_needs_wide(p.compress.weight_dtype) || cos_sin_needs_wide(p.insert.cos_sin_dtype) {
+            return self.compressor_launch(&p.compress, true, true, |_| fused_wide_kernel(cr, layout));
+        }
+        self.compressor_launch(&p.compress, true, false, |shape| {
             match (shape.items, shape.multi_token) {
-                (Cr2Items::Lone, _) => fused_kernel(p.compress.compress_ratio, layout),
+                (Cr2Items::Lone, _) => fused_kernel(cr, layout),
                 (Cr2Items::Teams, true) => fused_team_mtp_kernel(layout),
                 (Cr2Items::Teams, false) => fused_team_kernel(layout),
                 (Cr2Items::Pairs, _) => fused_pair_kernel(layout),
@@ -475,6 +498,7 @@ mod tests {
     use super::*;
     use crate::kernel_abi::BLOCK_THREADS;
     use crate::layout::RecordLayout;
+    use crate::tensor::DType;
 
     const M: LaunchPolicy = LaunchPolicy::MEASURED;
 
@@ -564,6 +588,15 @@ mod tests {
             }
             seen.insert(Kernel::SaveRingRows);
         }
+        // The generic kernels run by input dtype under every mapping
+        // (other_input_dtypes_run_the_generic_kernels_and_bf16_weights_the_tuned_ones).
+        for l in RecordLayout::ALL {
+            for cr in [1, 2] {
+                seen.insert(compress_wide_kernel(cr));
+                seen.insert(fused_wide_kernel(cr, l));
+            }
+            seen.insert(insert_wide_kernel(l));
+        }
         // The copy kernel is the bench's roofline, not an operation's.
         seen.insert(Kernel::Copy);
         // The reader's kernels: the slot form runs its own where the
@@ -583,6 +616,115 @@ mod tests {
         }
         let missing: Vec<_> = Kernel::ALL.iter().filter(|k| !seen.contains(*k)).collect();
         assert!(missing.is_empty(), "no mapping launches {missing:?}");
+    }
+
+    /// A fused plan of `n` tokens in `reqs` requests (CR2 when `reqs > 0`)
+    /// with the given weight and table types; only what the launch reads
+    /// is meaningful.
+    fn fused_plan(n: usize, reqs: usize, layout: RecordLayout, w: DType, cs: DType) -> FusedPlan {
+        use crate::ops::{CachePlan, IndexPlan, RingPlan, RowsPlan};
+        let rows = RowsPlan {
+            offset: 0,
+            row_stride: 512,
+            rows: n,
+        };
+        let index = |len| IndexPlan {
+            offset: 0,
+            is_i64: false,
+            len,
+        };
+        let cr2 = reqs > 0;
+        let compress = CompressPlan {
+            n,
+            compress_ratio: if cr2 { 2 } else { 1 },
+            eps: 1e-6,
+            kv_score: rows,
+            positions: index(n),
+            slots: index(n),
+            weight_offset: 0,
+            weight_dtype: w,
+            latent: rows,
+            ring: cr2.then_some(RingPlan {
+                offset: 0,
+                block_stride: 1024,
+                row_stride: 1024,
+                blocks: 1,
+                capacity: 1,
+            }),
+            query_start_loc: cr2.then(|| index(reqs + 1)),
+            token_to_req: cr2.then(|| index(n)),
+            prev_rows: None,
+            prev_row_indices: None,
+        };
+        FusedPlan {
+            insert: InsertPlan {
+                n,
+                compress_ratio: compress.compress_ratio,
+                latent: rows,
+                positions: index(n),
+                slots: index(n),
+                cos_sin: rows,
+                cos_sin_dtype: cs,
+                cache: CachePlan {
+                    layout,
+                    offset: 0,
+                    block_stride: 0,
+                    row_stride: 0,
+                    blocks: 1,
+                    block_size: 1,
+                },
+                fp8_scale_offset: None,
+            },
+            compress,
+            write_latent: true,
+        }
+    }
+
+    #[test]
+    fn other_input_dtypes_run_the_generic_kernels_and_bf16_weights_the_tuned_ones() {
+        const D: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+        for (_, pol) in LaunchPolicy::MAPPINGS {
+            for l in RecordLayout::ALL {
+                for (n, reqs) in [(1usize, 0usize), (1 << 16, 0), (1, 1), (8, 4), (1 << 16, 4)] {
+                    let cr = if reqs > 0 { 2 } else { 1 };
+                    for w in D {
+                        for cs in D {
+                            let p = fused_plan(n, reqs, l, w, cs);
+                            let items = compress_items(&p.compress);
+                            let bf16_f32 = fused_plan(n, reqs, l, DType::BF16, DType::F32);
+                            let (fused, compress, insert) = (
+                                pol.fused_launch(&p),
+                                pol.compress_launch(&p.compress),
+                                pol.insert_launch(&p.insert),
+                            );
+                            let wide_w = w != DType::BF16;
+                            let wide_cs = cs == DType::F16;
+                            if wide_w || wide_cs {
+                                assert_eq!(fused.kernel, fused_wide_kernel(cr, l));
+                                assert_eq!(fused.geometry, pol.geometry(items));
+                            } else {
+                                // BF16 weights with F32 or BF16 tables: the
+                                // tuned choice, the same for both tables.
+                                assert!(!fused.kernel.name().ends_with("_wide"));
+                                assert_eq!(fused, pol.fused_launch(&bf16_f32));
+                            }
+                            if wide_w {
+                                assert_eq!(compress.kernel, compress_wide_kernel(cr));
+                                assert_eq!(compress.geometry, pol.geometry(items));
+                            } else {
+                                assert!(!compress.kernel.name().ends_with("_wide"));
+                            }
+                            if wide_cs {
+                                assert_eq!(insert.kernel, insert_wide_kernel(l));
+                                assert_eq!(insert.geometry, pol.geometry(n as u64));
+                            } else {
+                                assert!(!insert.kernel.name().ends_with("_wide"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

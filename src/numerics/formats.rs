@@ -1,4 +1,5 @@
-//! Bit-exact number formats: BF16, FP8 e4m3fn, FP4 e2m1 and UE8M0.
+//! Bit-exact number formats: BF16, F16 (decoded only), FP8 e4m3fn, FP4 e2m1
+//! and UE8M0.
 //!
 //! Every encoder and decoder here has a line-by-line twin in
 //! `kernels-hip/kv_formats.h` (`bf16_from_f32` ↔ `kv_bf16_from_f32`, and so
@@ -27,6 +28,28 @@ pub fn bf16_from_f32(x: f32) -> u16 {
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
+
+/// IEEE binary16 bits → f32 (exact; twin `kv_f16_to_f32`), as torch's
+/// `.to(float32)` widens an F16 weight or cos/sin table. Normal codes move
+/// their exponent by the bias difference (112), subnormals are their integer
+/// significand times 2^-24 (exact, and a normal f32, so no platform's
+/// denormal mode is involved), infinities and NaNs keep their payload bits.
+#[inline]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let mag = (h & 0x7fff) as u32;
+    let sign = ((h & 0x8000) as u32) << 16;
+    let bits = if mag >= 0x7c00 {
+        (mag << 13) | 0x7f80_0000
+    } else if mag >= 0x0400 {
+        (mag << 13) + (112 << 23)
+    } else {
+        (mag as f32 * F16_SUBNORMAL_STEP).to_bits()
+    };
+    f32::from_bits(bits | sign)
+}
+
+/// The value of F16's smallest subnormal, 2^-24.
+const F16_SUBNORMAL_STEP: f32 = 1.0 / 16_777_216.0;
 
 /// Largest finite e4m3fn magnitude.
 pub const E4M3_MAX: f32 = 448.0;
@@ -366,6 +389,21 @@ mod tests {
         assert_eq!(bf16_from_f32(f32::MAX), 0x7f80);
         assert_eq!(bf16_from_f32(f32::NAN), 0x7fff);
         assert_eq!(bf16_from_f32(f32::from_bits(0xffc0_0001)), 0x7fff);
+    }
+
+    #[test]
+    fn f16_known_values() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert_eq!(f16_to_f32(0x0001), 2.0f32.powi(-24));
+        assert_eq!(f16_to_f32(0x03ff), 1023.0 * 2.0f32.powi(-24));
+        assert_eq!(f16_to_f32(0x0400), 2.0f32.powi(-14));
+        assert_eq!(f16_to_f32(0x8000).to_bits(), 0x8000_0000);
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+        assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
+        assert_eq!(f16_to_f32(0x7e00).to_bits(), 0x7fc0_0000);
+        assert_eq!(f16_to_f32(0xfc01).to_bits(), 0xff80_2000);
     }
 
     #[test]

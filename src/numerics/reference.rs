@@ -15,7 +15,8 @@ use crate::math::{
     NVFP4_SCALE_MIN,
 };
 
-/// RMS-normalizes a pooled 512-vector with a BF16 weight into BF16 bits.
+/// RMS-normalizes a pooled 512-vector with a weight (its exact f32 values,
+/// whatever type it came in) into BF16 bits.
 pub fn rms_norm(v: &[f32; DIM], weight: &[f32; DIM], eps: f32) -> [u16; DIM] {
     let inv = inv_rms_512(v, eps);
     let mut out = [0u16; DIM];

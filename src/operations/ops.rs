@@ -30,7 +30,7 @@ pub struct CompressArgs<'a, S: ?Sized> {
     pub query_start_loc: Option<Tensor<'a, S>>,
     /// CR2: I32/I64 `[>= N]` request of each packed token.
     pub token_to_req_indices: Option<Tensor<'a, S>>,
-    /// BF16 `[512]`.
+    /// F32, BF16 or F16 `[512]`, read as its exact f32 values.
     pub rms_norm_weight: Tensor<'a, S>,
     /// RMSNorm epsilon (finite, `>= 0`).
     pub rms_norm_eps: f32,
@@ -51,7 +51,8 @@ pub struct InsertArgs<'a, S: ?Sized> {
     pub latent: Tensor<'a, S>,
     /// I32/I64 `[>= N]`.
     pub positions: Tensor<'a, S>,
-    /// F32 or BF16 `[max_pos, >= 64]`: cos in columns 0..32, sin in 32..64.
+    /// F32, BF16 or F16 `[max_pos, >= 64]`, read as its exact f32 values:
+    /// cos in columns 0..32, sin in 32..64.
     pub cos_sin_cache: Tensor<'a, S>,
     /// The cache: U8 `[blocks, block_size, 584 | 528 | 288]` (paged), or
     /// BF16 / F8E4M3 `[blocks, block_size, 512]` (rows; also
@@ -205,8 +206,10 @@ pub struct CompressPlan {
     pub positions: IndexPlan,
     /// Slots.
     pub slots: IndexPlan,
-    /// Weight offset (BF16 `[512]`).
+    /// Weight offset (`[512]`).
     pub weight_offset: usize,
+    /// The weight's element type: F32, BF16 or F16.
+    pub weight_dtype: DType,
     /// `latent_out` rows (row stride 512).
     pub latent: RowsPlan,
     /// CR2 only.
@@ -267,8 +270,8 @@ pub struct InsertPlan {
     pub slots: IndexPlan,
     /// cos/sin table rows.
     pub cos_sin: RowsPlan,
-    /// Whether the table is BF16 (else F32).
-    pub cos_sin_bf16: bool,
+    /// The table's element type: F32, BF16 or F16.
+    pub cos_sin_dtype: DType,
     /// The cache.
     pub cache: CachePlan,
     /// FP8 rows: offset of the F32 scale.
@@ -618,6 +621,7 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
         positions,
         slots,
         weight_offset: w.offset,
+        weight_dtype: w.dtype,
         latent,
         ring: ring_p,
         query_start_loc: qsl,
@@ -753,7 +757,7 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(
     })
 }
 
-fn cos_sin<S: Storage + ?Sized>(s: &'static Spec, t: &Tensor<'_, S>) -> Result<(RowsPlan, bool)> {
+fn cos_sin<S: Storage + ?Sized>(s: &'static Spec, t: &Tensor<'_, S>) -> Result<(RowsPlan, DType)> {
     let d = &t.desc;
     s.dtype(d)?;
     if d.rank() != 2 || d.shape()[1] < 64 || d.strides()[1] != 1 {
@@ -780,7 +784,7 @@ fn cos_sin<S: Storage + ?Sized>(s: &'static Spec, t: &Tensor<'_, S>) -> Result<(
             },
             rows: d.shape()[0],
         },
-        d.dtype == DType::BF16,
+        d.dtype,
     ))
 }
 
@@ -825,7 +829,7 @@ pub fn plan_insert<S: Storage + ?Sized>(a: &InsertArgs<'_, S>) -> Result<InsertP
     let latent = rows(&i.latent, a.latent.buf, &a.latent.desc, DIM, 8)?;
     let positions = index(&i.positions, &a.positions)?;
     let slots = index(&i.slot_mapping, &a.slot_mapping)?;
-    let (cs, cs_bf16) = cos_sin(&i.cos_sin_cache, &a.cos_sin_cache)?;
+    let (cs, cs_dtype) = cos_sin(&i.cos_sin_cache, &a.cos_sin_cache)?;
     let cache = cache(&i.kv_cache, &a.kv_cache)?;
     let fp8 = fp8_scale(&i.fp8_scale, cache.layout, &a.fp8_scale)?;
     n_tokens(
@@ -839,7 +843,7 @@ pub fn plan_insert<S: Storage + ?Sized>(a: &InsertArgs<'_, S>) -> Result<InsertP
         positions,
         slots,
         cos_sin: cs,
-        cos_sin_bf16: cs_bf16,
+        cos_sin_dtype: cs_dtype,
         cache,
         fp8_scale_offset: fp8,
     })
@@ -882,7 +886,7 @@ pub fn plan_fused<S: Storage + ?Sized>(a: &FusedArgs<'_, S>) -> Result<FusedPlan
             ),
         ));
     }
-    let (cs, cs_bf16) = cos_sin(&f.cos_sin_cache, &a.cos_sin_cache)?;
+    let (cs, cs_dtype) = cos_sin(&f.cos_sin_cache, &a.cos_sin_cache)?;
     let cache = cache(&f.kv_cache, &a.kv_cache)?;
     let fp8 = fp8_scale(&f.fp8_scale, cache.layout, &a.fp8_scale)?;
     Ok(FusedPlan {
@@ -893,7 +897,7 @@ pub fn plan_fused<S: Storage + ?Sized>(a: &FusedArgs<'_, S>) -> Result<FusedPlan
             positions: compress.positions,
             slots,
             cos_sin: cs,
-            cos_sin_bf16: cs_bf16,
+            cos_sin_dtype: cs_dtype,
             cache,
             fp8_scale_offset: fp8,
         },

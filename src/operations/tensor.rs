@@ -14,6 +14,8 @@ pub enum DType {
     F32,
     /// bfloat16.
     BF16,
+    /// IEEE binary16.
+    F16,
     /// Raw bytes (paged record caches).
     U8,
     /// FP8 e4m3fn.
@@ -29,7 +31,7 @@ impl DType {
     pub const fn size(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
-            DType::BF16 => 2,
+            DType::BF16 | DType::F16 => 2,
             DType::U8 | DType::F8E4M3 => 1,
             DType::I64 => 8,
         }
@@ -40,6 +42,7 @@ impl DType {
         match self {
             DType::F32 => "F32",
             DType::BF16 => "BF16",
+            DType::F16 => "F16",
             DType::U8 => "U8",
             DType::F8E4M3 => "F8_E4M3",
             DType::I32 => "I32",

@@ -263,6 +263,7 @@ fn to_st_dtype(d: DType) -> safetensors::Dtype {
     match d {
         DType::F32 => S::F32,
         DType::BF16 => S::BF16,
+        DType::F16 => S::F16,
         DType::U8 => S::U8,
         DType::F8E4M3 => S::F8_E4M3,
         DType::I32 => S::I32,
@@ -275,13 +276,14 @@ fn from_st_dtype(name: &str, d: safetensors::Dtype) -> Result<DType> {
     Ok(match d {
         S::F32 => DType::F32,
         S::BF16 => DType::BF16,
+        S::F16 => DType::F16,
         S::U8 => DType::U8,
         S::F8_E4M3 => DType::F8E4M3,
         S::I32 => DType::I32,
         S::I64 => DType::I64,
         other => {
             return Err(Error::Vectors(format!(
-                "tensor {name}: dtype {other:?} is not one of F32, BF16, U8, F8_E4M3, I32, I64"
+                "tensor {name}: dtype {other:?} is not one of F32, BF16, F16, U8, F8_E4M3, I32, I64"
             )))
         }
     })

@@ -12,7 +12,7 @@
 //! | --- | --- | --- |
 //! | `in.latent` | insert | BF16 `[T, 512]` |
 //! | `in.positions` | all but ring rows | I64 (or I32) `[T]` |
-//! | `in.cos_sin` | inserts | F32 (or BF16) `[P, 64]` (cos 0..32, sin 32..64) |
+//! | `in.cos_sin` | inserts | F32 (or BF16, F16) `[P, 64]` (cos 0..32, sin 32..64) |
 //! | `in.slot_mapping` | all | I64 (or I32) `[N]` |
 //! | `in.kv_cache` | inserts | U8 `[B, bs, 584 \| 528 \| 288]`, BF16 or F8_E4M3 (or U8) `[B, bs, 512]` |
 //! | `in.fp8_scale` | FP8 rows | F32 `[1]` |
@@ -20,7 +20,7 @@
 //! | `in.state_cache` | CR2, ring rows | F32 `[B, capacity, 1024]` |
 //! | `in.query_start_loc` | CR2 | I64 `[R + 1]` |
 //! | `in.token_to_req_indices` | CR2 | I64 `[T]` |
-//! | `in.rms_norm_weight` | compress | BF16 `[512]` |
+//! | `in.rms_norm_weight` | compress | BF16 (or F32, F16) `[512]` |
 //! | `in.latent_out` | compress | BF16 `[T, 512]` |
 //! | `in.prev_rows`, `in.prev_row_indices` | CR2 (optional) | F32 `[R', 1024]`, I64 `[R]` |
 //! | `in.rows` | ring rows | F32 `[N, 1024]` |

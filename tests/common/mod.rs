@@ -176,6 +176,55 @@ pub fn to_bf16(v: &[f32]) -> Vec<u16> {
     v.iter().map(|&x| bf16_from_f32(x)).collect()
 }
 
+/// The element types `rms_norm_weight` and `cos_sin_cache` take.
+pub const INPUT_FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+/// f32 values stored as `dtype` (F32, BF16 or F16, rounded to nearest even;
+/// F16 by `half`, independently of the crate's decoders).
+pub fn input_float_bytes(v: &[f32], dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::F32 => f32_bytes(v),
+        DType::BF16 => u16_bytes(&to_bf16(v)),
+        DType::F16 => u16_bytes(
+            &v.iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect::<Vec<_>>(),
+        ),
+        d => panic!("{d} is not an input float type"),
+    }
+}
+
+/// A BF16 weight (bits) as values of `dtype`: itself for BF16; for F32 and
+/// F16 the same values with low significand bits set that BF16 lacks, so
+/// that a kernel reading the weight as BF16 gives other bytes. Infinities,
+/// NaNs and zeros stay as they are.
+pub fn weight_values(bf16_bits: &[u16], dtype: DType) -> Vec<f32> {
+    bf16_bits
+        .iter()
+        .enumerate()
+        .map(|(i, &h)| {
+            let v = bf16_to_f32(h);
+            let plain = !v.is_finite() || v == 0.0;
+            match dtype {
+                DType::F32 if !plain => {
+                    f32::from_bits(v.to_bits() | ((i as u32 * 0x9e37 + 0x1357) & 0xffff) | 1)
+                }
+                DType::F16 => {
+                    let c = half::f16::from_f32(v);
+                    let special = c.is_infinite() || c.is_nan() || c.to_bits() & 0x7fff == 0;
+                    let bits = if special {
+                        c.to_bits()
+                    } else {
+                        c.to_bits() ^ (1 + (i as u16 * 5) % 7)
+                    };
+                    half::f16::from_bits(bits).to_f32()
+                }
+                _ => v,
+            }
+        })
+        .collect()
+}
+
 // ---- buffers holding one view -----------------------------------------------------
 
 /// A host buffer holding one tensor view (`desc`); bytes outside the view are
@@ -279,21 +328,6 @@ impl Buf {
         Self::new(d, tail, &f32_bytes(v))
     }
 
-    /// A BF16 `[rows, width]` tensor with row stride `stride` elements.
-    pub fn bf16_rows(
-        v: &[u16],
-        rows: usize,
-        width: usize,
-        stride: usize,
-        offset: usize,
-        tail: usize,
-    ) -> Self {
-        let d = TensorDesc::strided(DType::BF16, &[rows, width], &[stride, 1])
-            .expect("rank 2")
-            .with_offset(offset);
-        Self::new(d, tail, &u16_bytes(v))
-    }
-
     /// A read-only view over the bytes.
     pub fn t(&self) -> Tensor<'_, Vec<u8>> {
         Tensor::new(&self.bytes, self.desc)
@@ -379,8 +413,10 @@ pub struct Kind {
     pub sanitize: bool,
     /// I64 index tensors (else I32).
     pub index_i64: bool,
-    /// BF16 cos/sin table (else F32).
-    pub cos_bf16: bool,
+    /// The cos/sin table's element type (F32, BF16 or F16).
+    pub cos_dtype: DType,
+    /// The norm weight's element type (F32, BF16 or F16).
+    pub weight_dtype: DType,
     /// Sprinkle special values (NaN, inf, signed zeros, extremes) into the data.
     pub special_values: bool,
     /// Sprinkle invalid indices (slots and request indices out of range,
@@ -390,7 +426,8 @@ pub struct Kind {
 }
 
 impl Kind {
-    /// A plain kind: valid indices, ordinary values, I32 indices, F32 cos/sin.
+    /// A plain kind: valid indices, ordinary values, I32 indices, F32 cos/sin,
+    /// BF16 weight.
     pub fn new(op: Op, cr: u32, layout: RecordLayout) -> Self {
         Kind {
             op,
@@ -400,15 +437,29 @@ impl Kind {
             prev_rows: false,
             sanitize: false,
             index_i64: false,
-            cos_bf16: false,
+            cos_dtype: DType::F32,
+            weight_dtype: DType::BF16,
             special_values: false,
             wild_indices: false,
         }
     }
 }
 
-/// Every combination of op, ratio, layout, `prev_rows`, sanitize, index and
-/// cos/sin dtypes that makes sense (values and indices plain).
+/// The (weight, cos/sin) element types the fused kinds run: the tuned
+/// kernels' two, then three that together give the generic kernels every
+/// weight type and every table type.
+pub const FUSED_INPUT_FLOATS: [(DType, DType); 5] = [
+    (DType::BF16, DType::F32),
+    (DType::BF16, DType::BF16),
+    (DType::F32, DType::F16),
+    (DType::F16, DType::F32),
+    (DType::F32, DType::BF16),
+];
+
+/// Every combination of op, ratio, layout, `prev_rows`, sanitize, index
+/// types, weight types (compress) and cos/sin types (insert) that makes
+/// sense, with the fused ops' weight and table types from
+/// [`FUSED_INPUT_FLOATS`] (values and indices plain).
 pub fn all_kinds() -> Vec<Kind> {
     let mut out = Vec::new();
     for sanitize in [false, true] {
@@ -418,29 +469,34 @@ pub fn all_kinds() -> Vec<Kind> {
                     if prev && cr == 1 {
                         continue;
                     }
-                    let mut k = Kind::new(Op::FusedSaveCompressNorm, cr, RecordLayout::V4);
-                    k.prev_rows = prev;
-                    k.sanitize = sanitize;
-                    k.index_i64 = index_i64;
-                    out.push(k);
+                    for weight_dtype in [DType::BF16, DType::F32, DType::F16] {
+                        let mut k = Kind::new(Op::FusedSaveCompressNorm, cr, RecordLayout::V4);
+                        k.prev_rows = prev;
+                        k.sanitize = sanitize;
+                        k.index_i64 = index_i64;
+                        k.weight_dtype = weight_dtype;
+                        out.push(k);
+                    }
                     for layout in RecordLayout::ALL {
-                        for cos_bf16 in [false, true] {
-                            for (op, skip_latent_out) in [
-                                (Op::RopeQuantInsert, false),
-                                (Op::FusedCompressInsert, false),
-                                (Op::FusedCompressInsert, true),
-                            ] {
-                                if op == Op::RopeQuantInsert && prev {
-                                    continue;
-                                }
-                                let mut k = Kind::new(op, cr, layout);
-                                k.skip_latent_out = skip_latent_out;
-                                k.prev_rows = prev;
-                                k.sanitize = sanitize;
-                                k.index_i64 = index_i64;
-                                k.cos_bf16 = cos_bf16;
-                                out.push(k);
+                        let inserts = [DType::F32, DType::BF16, DType::F16]
+                            .map(|cs| (Op::RopeQuantInsert, false, DType::BF16, cs));
+                        let fused = FUSED_INPUT_FLOATS.map(|(w, cs)| {
+                            [false, true].map(|skip| (Op::FusedCompressInsert, skip, w, cs))
+                        });
+                        for (op, skip_latent_out, weight_dtype, cos_dtype) in
+                            inserts.into_iter().chain(fused.into_iter().flatten())
+                        {
+                            if op == Op::RopeQuantInsert && prev {
+                                continue;
                             }
+                            let mut k = Kind::new(op, cr, layout);
+                            k.skip_latent_out = skip_latent_out;
+                            k.prev_rows = prev;
+                            k.sanitize = sanitize;
+                            k.index_i64 = index_i64;
+                            k.cos_dtype = cos_dtype;
+                            k.weight_dtype = weight_dtype;
+                            out.push(k);
                         }
                     }
                 }
@@ -468,11 +524,12 @@ pub fn kind_strategy(
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        proptest::sample::select(INPUT_FLOATS.to_vec()),
         any::<bool>(),
-        any::<bool>(),
+        proptest::sample::select(INPUT_FLOATS.to_vec()),
     )
         .prop_map(
-            move |(op, cr, layout, prev, sanitize, i64, cos_bf16, skip)| Kind {
+            move |(op, cr, layout, prev, sanitize, i64, cos_dtype, skip, weight_dtype)| Kind {
                 op,
                 skip_latent_out: skip && op == Op::FusedCompressInsert,
                 cr,
@@ -480,7 +537,8 @@ pub fn kind_strategy(
                 prev_rows: prev && cr == 2 && op != Op::RopeQuantInsert,
                 sanitize,
                 index_i64: i64,
-                cos_bf16,
+                cos_dtype,
+                weight_dtype,
                 special_values,
                 wild_indices,
             },
@@ -788,8 +846,10 @@ pub struct CompressSpec {
     pub qsl: Vec<i64>,
     /// CR2: `token_to_req_indices` (`len >= n`).
     pub ttr: Vec<i64>,
-    /// BF16 weight bits, 512.
+    /// BF16 weight bits, 512 (as [`weight_values`] of `weight_dtype`).
     pub weight: Vec<u16>,
+    /// The weight's element type.
+    pub weight_dtype: DType,
     /// CR2: the ring.
     pub ring: Option<RingSpec>,
     /// CR2: `prev_rows` (`rows * 1024` values) and `prev_row_indices`.
@@ -827,10 +887,11 @@ impl CompressSpec {
             g.tail,
         ));
         case.slot_mapping = Buf::index(&self.slots, self.index_i64, g.offset, g.tail);
+        let wd = self.weight_dtype;
         case.rms_norm_weight = Some(Buf::new(
-            TensorDesc::contiguous(DType::BF16, &[512]).with_offset(g.offset),
+            TensorDesc::contiguous(wd, &[512]).with_offset(g.offset),
             g.tail,
-            &u16_bytes(&self.weight),
+            &input_float_bytes(&weight_values(&self.weight, wd), wd),
         ));
         case.latent = Some(Buf::canary(
             TensorDesc::contiguous(DType::BF16, &[rows, 512]).with_offset(g.offset),
@@ -850,7 +911,7 @@ impl CompressSpec {
     }
 }
 
-/// A cos/sin table: `[rows, width]` (`width >= 64`), F32 or BF16.
+/// A cos/sin table: `[rows, width]` (`width >= 64`), F32, BF16 or F16.
 #[derive(Clone, Debug)]
 pub struct CosSinSpec {
     /// `rows * width` values (cos in columns 0..32, sin in 32..64).
@@ -861,14 +922,14 @@ pub struct CosSinSpec {
     pub width: usize,
     /// Row stride in elements (`>= width`).
     pub stride: usize,
-    /// Stored as BF16 (the values rounded).
-    pub bf16: bool,
+    /// The element type (BF16 and F16 round the values).
+    pub dtype: DType,
 }
 
 impl CosSinSpec {
     /// A table of true rotations: row `p`, pair `k` is `(cos, sin)` of
     /// `p * 10000^(-k/32)`, and some extra columns of noise.
-    pub fn rotations(rng: &mut Prng, rows: usize, bf16: bool) -> Self {
+    pub fn rotations(rng: &mut Prng, rows: usize, dtype: DType) -> Self {
         let width = 64 + 8 * rng.below(2);
         let stride = width + rng.below(3);
         let mut data = vec![0.0f32; rows * width];
@@ -887,31 +948,16 @@ impl CosSinSpec {
             rows,
             width,
             stride,
-            bf16,
+            dtype,
         }
     }
 
     /// The table's buffer.
     pub fn buf(&self, geo: Geo) -> Buf {
-        if self.bf16 {
-            Buf::bf16_rows(
-                &to_bf16(&self.data),
-                self.rows,
-                self.width,
-                self.stride,
-                geo.offset,
-                geo.tail,
-            )
-        } else {
-            Buf::f32_rows(
-                &self.data,
-                self.rows,
-                self.width,
-                self.stride,
-                geo.offset,
-                geo.tail,
-            )
-        }
+        let d = TensorDesc::strided(self.dtype, &[self.rows, self.width], &[self.stride, 1])
+            .expect("rank 2")
+            .with_offset(geo.offset);
+        Buf::new(d, geo.tail, &input_float_bytes(&self.data, self.dtype))
     }
 }
 
@@ -1070,7 +1116,7 @@ pub fn insert_case(name: &str, s: &InsertSpec, sanitize: bool) -> Case {
     let mut k = Kind::new(Op::RopeQuantInsert, s.cr, s.cache.layout);
     k.sanitize = sanitize;
     k.index_i64 = s.index_i64;
-    k.cos_bf16 = s.cos_sin.bf16;
+    k.cos_dtype = s.cos_sin.dtype;
     let mut c = empty_case(name, k);
     let g = s.geo;
     let rows = s.latent.len() / 512;
@@ -1103,7 +1149,7 @@ pub fn fused_case(
     c.kind.op = Op::FusedCompressInsert;
     c.kind.skip_latent_out = skip_latent_out;
     c.kind.layout = cache.layout;
-    c.kind.cos_bf16 = cos_sin.bf16;
+    c.kind.cos_dtype = cos_sin.dtype;
     c.cache_slot_mapping = Some(Buf::index(
         cache_slots,
         s.index_i64,
@@ -1227,6 +1273,7 @@ fn cr1_spec(
         qsl: vec![],
         ttr: vec![],
         weight: weight(rng),
+        weight_dtype: k.weight_dtype,
         ring: None,
         prev: None,
         index_i64: k.index_i64,
@@ -1334,6 +1381,7 @@ fn cr2_spec(rng: &mut Prng, k: &Kind, geo: Geo) -> (CompressSpec, Vec<Chunk>) {
         qsl,
         ttr,
         weight: weight(rng),
+        weight_dtype: k.weight_dtype,
         ring: Some(RingSpec::random(rng, blocks, cap, k.special_values)),
         prev,
         index_i64: k.index_i64,
@@ -1393,7 +1441,7 @@ pub fn random_insert_spec(
         latent,
         positions,
         slots,
-        cos_sin: CosSinSpec::rotations(rng, max_pos + 1, kind.cos_bf16),
+        cos_sin: CosSinSpec::rotations(rng, max_pos + 1, kind.cos_dtype),
         cache,
         index_i64: kind.index_i64,
         geo,
@@ -1464,7 +1512,7 @@ pub fn random_case(seed: u64, kind: Kind) -> Case {
                         // CR1's slot_mapping holds the main-cache slots.
                         spec.slots.clone_from(&cslots);
                     }
-                    let cs = CosSinSpec::rotations(rng, 32, kind.cos_bf16);
+                    let cs = CosSinSpec::rotations(rng, 32, kind.cos_dtype);
                     fused_case(
                         &name,
                         &spec,
@@ -1648,10 +1696,17 @@ pub fn adversarial_latents() -> Vec<(&'static str, Vec<u16>)> {
     out
 }
 
+/// BF16 weight values the adversarial cases of the generic kernels start
+/// their weights with: zeros, infinities, a NaN, values that are F16
+/// subnormals or overflow F16, the largest finite BF16.
+pub const ADVERSARIAL_WEIGHT: [u16; 10] = [
+    0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc1, 0x3580, 0xb4c0, 0x4780, 0x7f7f, 0x3f81,
+];
+
 /// A cos/sin table with the rows that matter for signed zeros and special
 /// values: identity, quarter turns, half turns, 45 degrees, `-0`, and a row
 /// holding the neighbours of 1.
-pub fn adversarial_cos_sin(bf16: bool) -> CosSinSpec {
+pub fn adversarial_cos_sin(dtype: DType) -> CosSinSpec {
     let rows_cs: [(f32, f32); 8] = [
         (1.0, 0.0),
         (0.0, 1.0),
@@ -1681,7 +1736,7 @@ pub fn adversarial_cos_sin(bf16: bool) -> CosSinSpec {
         rows: 16,
         width,
         stride: width,
-        bf16,
+        dtype,
     }
 }
 
@@ -1703,7 +1758,11 @@ pub fn adversarial_cases() -> Vec<Case> {
             for cr in [1u32, 2] {
                 variant += 1;
                 let index_i64 = variant % 2 == 0;
-                let cos_bf16 = variant % 3 == 0;
+                let cos_dtype = if variant % 3 == 0 {
+                    DType::BF16
+                } else {
+                    DType::F32
+                };
                 let geo = Geo {
                     offset: 64 * (variant % 2),
                     tail: 16,
@@ -1713,7 +1772,7 @@ pub fn adversarial_cases() -> Vec<Case> {
                 let mut latent: Vec<u16> = Vec::new();
                 let mut positions = Vec::new();
                 let mut slots = Vec::new();
-                let table = adversarial_cos_sin(cos_bf16);
+                let table = adversarial_cos_sin(cos_dtype);
                 for (i, (_, row)) in lat.iter().enumerate() {
                     latent.extend(row);
                     let base = (2 * i + variant) % table.rows;
@@ -1764,6 +1823,12 @@ pub fn adversarial_cases() -> Vec<Case> {
                     layout.name()
                 );
                 out.push(insert_case(&name, &spec, sanitize));
+                if !sanitize {
+                    // The same records from an F16 table (the generic kernels).
+                    let mut spec = spec;
+                    spec.cos_sin = adversarial_cos_sin(DType::F16);
+                    out.push(insert_case(&format!("{name} cos_sin F16"), &spec, sanitize));
+                }
             }
         }
     }
@@ -1816,7 +1881,11 @@ pub fn adversarial_cases() -> Vec<Case> {
                     *s = if t % 9 == 5 { -1 } else { t as i64 };
                 }
             }
-            let table = adversarial_cos_sin(i % 2 == 0);
+            let table = adversarial_cos_sin(if i % 2 == 0 {
+                DType::BF16
+            } else {
+                DType::F32
+            });
             for skip in [false, true] {
                 let name = format!(
                     "adversarial fused {} cr{cr} skip_latent_out={skip}",
@@ -1824,6 +1893,21 @@ pub fn adversarial_cases() -> Vec<Case> {
                 );
                 out.push(fused_case(
                     &name, &spec, &cslots, &table, &cache, skip, sanitize,
+                ));
+            }
+            // The generic kernels: F32 and F16 weights holding special
+            // values (F16 subnormals and overflow among them), F16 tables.
+            for (w, cs) in [(DType::F32, DType::F16), (DType::F16, DType::BF16)] {
+                let mut spec = spec.clone();
+                spec.weight_dtype = w;
+                spec.weight[..ADVERSARIAL_WEIGHT.len()].copy_from_slice(&ADVERSARIAL_WEIGHT);
+                let name = format!(
+                    "adversarial fused {} cr{cr} weight {w} cos_sin {cs}",
+                    layout.name()
+                );
+                let table = adversarial_cos_sin(cs);
+                out.push(fused_case(
+                    &name, &spec, &cslots, &table, &cache, false, sanitize,
                 ));
             }
         }
@@ -1931,6 +2015,7 @@ fn adversarial_cr1_spec(rng: &mut Prng, eps: f32, index_i64: bool) -> CompressSp
         qsl: vec![],
         ttr: vec![],
         weight: weight(rng),
+        weight_dtype: DType::BF16,
         ring: None,
         prev: None,
         index_i64,
@@ -2024,6 +2109,7 @@ fn adversarial_cr2_spec(rng: &mut Prng, prev: bool, index_i64: bool) -> Compress
         qsl,
         ttr,
         weight: weight(rng),
+        weight_dtype: DType::BF16,
         ring: Some(ring),
         prev,
         index_i64,

@@ -219,8 +219,9 @@ table! {
         positions: Read, Elem, [I32, I64],
         /// Read.
         slot_mapping: Read, Elem, [I32, I64],
-        /// Read.
-        rms_norm_weight: Read, Row, [BF16],
+        /// Read, each value widened exactly to f32 (as the seed's
+        /// `.to(float32)`).
+        rms_norm_weight: Read, Row, [F32, BF16, F16],
         /// Written.
         latent_out: Written, Row, [BF16],
         /// Written (CR2).
@@ -245,8 +246,8 @@ table! {
         positions: Read, Elem, [I32, I64],
         /// Read.
         slot_mapping: Read, Elem, [I32, I64],
-        /// Read.
-        cos_sin_cache: Read, Elem, [F32, BF16],
+        /// Read, each value widened exactly to f32.
+        cos_sin_cache: Read, Elem, [F32, BF16, F16],
         /// Written: U8 (paged records), BF16 or F8_E4M3 (rows).
         kv_cache: Written, Row, [U8, BF16, F8E4M3],
         /// Read (FP8 rows).
@@ -271,8 +272,8 @@ table! {
     FusedInsertTensors, FUSED_INSERT {
         /// Read.
         cache_slot_mapping: Read, Elem, [I32, I64],
-        /// Read.
-        cos_sin_cache: Read, Elem, [F32, BF16],
+        /// Read, each value widened exactly to f32.
+        cos_sin_cache: Read, Elem, [F32, BF16, F16],
         /// Written: U8 (paged records), BF16 or F8_E4M3 (rows).
         kv_cache: Written, Row, [U8, BF16, F8E4M3],
         /// Read (FP8 rows).
