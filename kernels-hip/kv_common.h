@@ -174,3 +174,40 @@ KV_DEVICE float kv_bf16x16_get(const KvBf16x16& w, int j) {
     uint32_t u = w.u[j / 2];
     return kv_u2f((j & 1) ? (u & 0xffff0000u) : (u << 16));
 }
+
+// 16 weights as f32: the generic kernels' (WIDE) weights, F32, BF16 or F16
+// by the flags, widened when loaded.
+struct KvF32x16 {
+    float f[16];
+};
+
+KV_DEVICE float kv_weight_at(const KvBf16x16& w, int j) { return kv_bf16x16_get(w, j); }
+KV_DEVICE float kv_weight_at(const KvF32x16& w, int j) { return w.f[j]; }
+
+// A kernel's weight holder: packed BF16 in the tuned kernels, f32 in the
+// generic ones.
+template <bool WIDE>
+struct KvWeight16 {
+    typedef KvBf16x16 T;
+};
+template <>
+struct KvWeight16<true> {
+    typedef KvF32x16 T;
+};
+
+// Lane `lane`'s 16 weights.
+KV_DEVICE void kv_load_weight16(const KvCompressParams& c, unsigned lane, KvBf16x16* w) {
+    kv_load_bf16x16(c.weight + 16 * lane, w);
+}
+
+KV_DEVICE void kv_load_weight16(const KvCompressParams& c, unsigned lane, KvF32x16* w) {
+    if (c.flags & KV_F_W_F32) {
+        kv_loadNf<16>((const float*)(const void*)c.weight + 16 * lane, w->f);
+        return;
+    }
+    uint16_t h[16];
+    kv_load16h(c.weight + 16 * lane, h);
+    const bool f16 = (c.flags & KV_F_W_F16) != 0u;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) w->f[j] = f16 ? kv_f16_to_f32(h[j]) : kv_bf16_to_f32(h[j]);
+}

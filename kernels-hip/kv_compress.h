@@ -9,11 +9,12 @@
 
 // ---- the norm: math::sum_squares_512 / inv_rms_512 / norm_scale ----------
 
-// Lane l holds v[16 l .. 16 l + 16) and w, its 16 BF16 weights (loaded by
-// the caller with its first reads, not after them): squares folded by halves
-// inside the lane, then a butterfly over the 32 lanes; every lane ends with
-// the sum.
-KV_DEVICE void kv_rms_norm16(const float v[16], const KvBf16x16& w, float eps, uint16_t out[16]) {
+// Lane l holds v[16 l .. 16 l + 16) and w, its 16 weights (the tuned
+// kernels' BF16 ones loaded by the caller with its first reads, not after
+// them): squares folded by halves inside the lane, then a butterfly over the
+// 32 lanes; every lane ends with the sum.
+template <class W>
+KV_DEVICE void kv_rms_norm16(const float v[16], const W& w, float eps, uint16_t out[16]) {
     float a[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) a[j] = v[j] * v[j];
@@ -37,7 +38,7 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const KvBf16x16& w, float eps, u
     float var = kv_divf(s, 512.0f);
     float inv = kv_divf(1.0f, kv_sqrtf(var + eps));
 #pragma unroll
-    for (int j = 0; j < 16; ++j) out[j] = kv_bf16_from_f32((v[j] * inv) * kv_bf16x16_get(w, j));
+    for (int j = 0; j < 16; ++j) out[j] = kv_bf16_from_f32((v[j] * inv) * kv_weight_at(w, j));
 }
 
 // ---- fused_save_compress_norm ----------------------------------------------
@@ -46,7 +47,7 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const KvBf16x16& w, float eps, u
 // it, and in the fused kernels insert it. The item passes the token's
 // position (one tensor serves the compressor and the insert), so only the
 // cache slot is read here.
-template <bool FUSED, int LAYOUT>
+template <bool FUSED, int LAYOUT, bool WIDE = false>
 KV_DEVICE void kv_emit_latent(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, unsigned lane,
                               const uint16_t out[16], int64_t pos) {
     if (!FUSED || (c.flags & KV_F_WRITE_LATENT)) kv_store16h(c.latent + t * 512 + 16 * lane, out);
@@ -58,23 +59,25 @@ KV_DEVICE void kv_emit_latent(const KvCompressParams& c, const KvInsertParams* i
         float fp8_scale = kv_load_fp8_scale<LAYOUT>(*ins);
         int64_t base;
         if (kv_insert_check<false>(*ins, slot, pos, lane, &base))
-            kv_write_record<LAYOUT, false>(*ins, slot, base, lane, out, fp8_scale);
+            kv_write_record<LAYOUT, false, false, WIDE>(*ins, slot, base, lane, out, fp8_scale);
     }
 }
 
-template <bool FUSED, int LAYOUT>
+// WIDE (the generic kernels): f32 weights, loaded where the norm needs them.
+template <bool FUSED, int LAYOUT, bool WIDE = false>
 KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t) {
     unsigned lane = kv_lane();
     // Row, weights and slot in one round trip.
     float v[16];
-    KvBf16x16 w;
+    typename KvWeight16<WIDE>::T w;
     kv_loadNf<16>(c.kv_score + t * c.kv_row_stride + 16 * lane, v);
-    kv_load_bf16x16(c.weight + 16 * lane, &w);
+    if constexpr (!WIDE) kv_load_weight16(c, lane, &w);
     int64_t pos = FUSED ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t) : 0;
     if (kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t) < 0) return;
+    if constexpr (WIDE) kv_load_weight16(c, lane, &w);
     uint16_t out[16];
     kv_rms_norm16(v, w, c.eps, out);
-    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out, pos);
+    kv_emit_latent<FUSED, LAYOUT, WIDE>(c, ins, t, lane, out, pos);
 }
 
 // ---- CR2 items, alone or in teams -----------------------------------------
@@ -157,14 +160,14 @@ KV_DEVICE void kv_pool_part(const KvRowPart<N>& older, const KvRowPart<N>& newer
 // and the weights (1 KB, shared by every token) come from cache. (Issuing
 // them, and the insert's slot, with the rows' reads was no faster:
 // docs/tuning.md, Kernels.)
-template <bool FUSED, int LAYOUT>
+template <bool FUSED, int LAYOUT, bool WIDE = false>
 KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
                             unsigned lane, const float v[16]) {
-    KvBf16x16 w;
-    kv_load_bf16x16(c.weight + 16 * lane, &w);
+    typename KvWeight16<WIDE>::T w;
+    kv_load_weight16(c, lane, &w);
     uint16_t out[16];
     kv_rms_norm16(v, w, c.eps, out);
-    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, lane, out, pos);
+    kv_emit_latent<FUSED, LAYOUT, WIDE>(c, ins, t, lane, out, pos);
 }
 
 // Pools (older, newer) over the team, then group 0 norms and emits the latent
@@ -174,7 +177,7 @@ KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins
 // load after the pooling included) are written out here: through the
 // helpers nvcc schedules five fused team and pair kernels differently (the
 // same instructions), and this form keeps the SASS that was measured.
-template <bool FUSED, int LAYOUT, int TEAM>
+template <bool FUSED, int LAYOUT, int TEAM, bool WIDE = false>
 KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
                                  KvTeamLane tl, const KvRowPart<16 / TEAM>& older,
                                  const KvRowPart<16 / TEAM>& newer, float* pooled) {
@@ -191,11 +194,11 @@ KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams
         if (tl.g != 0u) return;
         kv_loadNf<16>(pooled + 16u * tl.l, v);
     }
-    KvBf16x16 w;
-    kv_load_bf16x16(c.weight + 16 * tl.l, &w);
+    typename KvWeight16<WIDE>::T w;
+    kv_load_weight16(c, tl.l, &w);
     uint16_t out[16];
     kv_rms_norm16(v, w, c.eps, out);
-    kv_emit_latent<FUSED, LAYOUT>(c, ins, t, tl.l, out, pos);
+    kv_emit_latent<FUSED, LAYOUT, WIDE>(c, ins, t, tl.l, out, pos);
 }
 
 // The long-chunk kernels' lone group pools its 16 dims in two halves of 8
@@ -203,7 +206,7 @@ KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams
 // before pooling it: at most 32 row values live at once instead of 64, so
 // the kernel fits 64 registers (four blocks per SM on sm_90) without
 // spilling. The halves' values land where the one-pass order puts them.
-template <bool FUSED, int LAYOUT>
+template <bool FUSED, int LAYOUT, bool WIDE = false>
 KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t,
                                         int64_t pos, unsigned lane, const float* older, const float* newer) {
     float v[16];
@@ -215,7 +218,7 @@ KV_DEVICE void kv_pool_halves_norm_emit(const KvCompressParams& c, const KvInser
         kv_load_row_part<2, true>(newer, hl, &n);
         kv_pool_part<8>(o, n, v + 8 * h);
     }
-    kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, lane, v);
+    kv_norm_emit<FUSED, LAYOUT, WIDE>(c, ins, t, pos, lane, v);
 }
 
 // Whether the request item of chunk [start, end) (end as query_start_loc
@@ -238,8 +241,9 @@ KV_DEVICE bool kv_cr2_owns_second(int64_t start, int64_t end, int64_t slot0, int
 // CR2 token item: the group that token t closes inside its chunk. HALVES:
 // a lone group pooling by halves (kv_pool_halves_norm_emit). CHECK: only
 // the checks; the position of a token that closes a group goes to
-// *closing, which the caller set to -1.
-template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool CHECK = false, bool OWN2 = false>
+// *closing, which the caller set to -1. WIDE: the generic kernels' weights.
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool CHECK = false, bool OWN2 = false,
+          bool WIDE = false>
 KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
                                  float* pooled, int64_t* closing = 0) {
     // Slot, position and request in one round trip (the request index is
@@ -278,14 +282,14 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
         return;
     }
     if (HALVES) {
-        kv_pool_halves_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, tl.l, c.kv_score + (t - 1) * c.kv_row_stride,
-                                                c.kv_score + t * c.kv_row_stride);
+        kv_pool_halves_norm_emit<FUSED, LAYOUT, WIDE>(c, ins, t, pos, tl.l, c.kv_score + (t - 1) * c.kv_row_stride,
+                                                      c.kv_score + t * c.kv_row_stride);
         return;
     }
     KvRowPart<16 / TEAM> older, newer;
     kv_load_row_part<TEAM>(c.kv_score + (t - 1) * c.kv_row_stride, tl, &older);
     kv_load_row_part<TEAM>(c.kv_score + t * c.kv_row_stride, tl, &newer);
-    kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, t, pos, tl, older, newer, pooled);
+    kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE>(c, ins, t, pos, tl, older, newer, pooled);
 }
 
 // Stores a team lane's part of a row to the ring row of `slot` (>= 0), or
@@ -307,8 +311,8 @@ KV_DEVICE void kv_ring_store_part(const KvCompressParams& c, int64_t slot, KvTea
 // writes only its own dims, and a ring row is read before any store that
 // could overwrite it (the same row only when the capacity is 1), so nothing
 // races (with HALVES, each half's older row is read before that half's
-// store).
-template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false>
+// store). WIDE: the generic kernels' weights.
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false, bool WIDE = false>
 KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
                                    float* pooled) {
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
@@ -389,7 +393,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
             if (ring_first) kv_store_row_part<2, true>(ring_first, hl, f);
             if (older) kv_pool_part<8>(o, f, v + 8 * h);
         }
-        if (older) kv_norm_emit<FUSED, LAYOUT>(c, ins, start, pos, tl.l, v);
+        if (older) kv_norm_emit<FUSED, LAYOUT, WIDE>(c, ins, start, pos, tl.l, v);
     } else {
         // The pooled group's (older, newer) rows in one round trip: the ring
         // or prev_rows row and the first token's, or (own2) the first and
@@ -422,7 +426,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         if (own2 && !has_prev) kv_ring_store_part<TEAM>(c, slot_s, tl, nw);
         // Group 0 goes on alone; the other groups are done with the pooling.
         if (older || own2) {
-            kv_pool_norm_emit<FUSED, LAYOUT, TEAM>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw, pooled);
+            kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw, pooled);
         }
     }
     if (has_prev) return;
@@ -443,18 +447,19 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
     }
 }
 
-template <bool FUSED, int LAYOUT, bool HALVES = false>
+// One group per item; WIDE: the generic kernels (kv_compress_cr1_item).
+template <bool FUSED, int LAYOUT, bool HALVES = false, bool WIDE = false>
 KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins, int cr) {
     int64_t g = kv_group(c.flags);
     if (cr == 1) {
-        if (g < c.n) kv_compress_cr1_item<FUSED, LAYOUT>(c, ins, g);
+        if (g < c.n) kv_compress_cr1_item<FUSED, LAYOUT, WIDE>(c, ins, g);
         return;
     }
     KvTeamLane tl = {0u, kv_lane()};
     if (g < c.num_reqs) {
-        kv_cr2_request_item<FUSED, LAYOUT, 1, HALVES>(c, ins, g, tl, 0);
+        kv_cr2_request_item<FUSED, LAYOUT, 1, HALVES, false, WIDE>(c, ins, g, tl, 0);
     } else if (g - c.num_reqs < c.n) {
-        kv_cr2_token_item<FUSED, LAYOUT, 1, HALVES>(c, ins, g - c.num_reqs, tl, 0);
+        kv_cr2_token_item<FUSED, LAYOUT, 1, HALVES, false, false, WIDE>(c, ins, g - c.num_reqs, tl, 0);
     }
 }
 

@@ -39,6 +39,19 @@ KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair_mtp(co
     kv_compress_cr2_team<false, 0, KV_CR2_PAIR, true>(c, 0);
 }
 
+// The generic kernels: an F32 or F16 weight or an F16 cos/sin table, which
+// the tuned kernels do not read (their code stays as measured). One group
+// per item (the host picks them whatever else its policy says) and the same
+// code as the lone-group kernels, the weight and table read by the flags'
+// types; bounds that leave room for 16 f32 weights.
+KV_KERNEL KV_LAUNCH_BOUNDS_2(KV_BLOCK_THREADS) void kv_compress_cr1_wide(const KvCompressParams c) {
+    kv_compress<false, 0, false, true>(c, 0, 1);
+}
+
+KV_KERNEL KV_LAUNCH_BOUNDS_2(KV_BLOCK_THREADS) void kv_compress_cr2_wide(const KvCompressParams c) {
+    kv_compress<false, 0, false, true>(c, 0, 2);
+}
+
 KV_KERNEL KV_LAUNCH_BOUNDS(KV_BLOCK_THREADS) void kv_save_ring_rows(const KvRingRowsParams p) {
     int64_t i = kv_group(p.flags);
     if (i >= p.n) return;

@@ -18,6 +18,19 @@ KV_DEVICE uint16_t kv_bf16_from_f32(float x) {
 
 KV_DEVICE float kv_bf16_to_f32(uint16_t h) { return kv_u2f(((uint32_t)h) << 16); }
 
+// IEEE binary16 bits -> f32, exact (twin formats.rs f16_to_f32): a normal
+// code's exponent moves by the bias difference 112, a subnormal is its
+// integer significand times 2^-24 (a normal f32, so no denormal mode is
+// involved), infinities and NaNs keep their payload bits.
+KV_DEVICE float kv_f16_to_f32(uint16_t h) {
+    uint32_t mag = (uint32_t)h & 0x7fffu;
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t bits = mag >= 0x7c00u   ? ((mag << 13) | 0x7f800000u)
+                    : mag >= 0x0400u ? ((mag << 13) + (112u << 23))
+                                     : kv_f2u((float)mag * 5.9604644775390625e-8f);
+    return kv_u2f(bits | sign);
+}
+
 // x and y rounded to BF16 (nearest even) and widened back, for callers that
 // map every NaN to one value afterwards: a NaN comes out as some NaN, not
 // necessarily 0x7FFF. A prelude's hardware pair conversion (KV_HW_BF16X2),

@@ -61,3 +61,21 @@ KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_mxfp8, KV_LAYOUT_MXFP8, true)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_nvfp4, KV_LAYOUT_NVFP4, true)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_bf16, KV_LAYOUT_BF16, true)
 KV_FUSED_TEAM_KERNEL(kv_fused_cr2_team_mtp_fp8, KV_LAYOUT_FP8, true)
+
+// The generic fused kernels (an F32 or F16 weight, an F16 cos/sin table),
+// as kv_compress_cr1_wide says.
+#define KV_FUSED_WIDE_KERNEL(name, CR, LAYOUT)                                        \
+    KV_KERNEL KV_LAUNCH_BOUNDS_2(KV_BLOCK_THREADS) void name(const KvFusedParams p) { \
+        kv_compress<true, LAYOUT, false, true>(p.compress, &p.insert, CR);          \
+    }
+
+KV_FUSED_WIDE_KERNEL(kv_fused_cr1_v4_wide, 1, KV_LAYOUT_V4)
+KV_FUSED_WIDE_KERNEL(kv_fused_cr1_mxfp8_wide, 1, KV_LAYOUT_MXFP8)
+KV_FUSED_WIDE_KERNEL(kv_fused_cr1_nvfp4_wide, 1, KV_LAYOUT_NVFP4)
+KV_FUSED_WIDE_KERNEL(kv_fused_cr1_bf16_wide, 1, KV_LAYOUT_BF16)
+KV_FUSED_WIDE_KERNEL(kv_fused_cr1_fp8_wide, 1, KV_LAYOUT_FP8)
+KV_FUSED_WIDE_KERNEL(kv_fused_cr2_v4_wide, 2, KV_LAYOUT_V4)
+KV_FUSED_WIDE_KERNEL(kv_fused_cr2_mxfp8_wide, 2, KV_LAYOUT_MXFP8)
+KV_FUSED_WIDE_KERNEL(kv_fused_cr2_nvfp4_wide, 2, KV_LAYOUT_NVFP4)
+KV_FUSED_WIDE_KERNEL(kv_fused_cr2_bf16_wide, 2, KV_LAYOUT_BF16)
+KV_FUSED_WIDE_KERNEL(kv_fused_cr2_fp8_wide, 2, KV_LAYOUT_FP8)

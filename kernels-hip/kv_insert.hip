@@ -2,7 +2,7 @@
 // All entry points: KV_KERNELS in kv_abi.h.
 #include "kv_record.h"
 
-template <int LAYOUT, bool TILES>
+template <int LAYOUT, bool TILES, bool WIDE = false>
 KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile) {
     // The latent row is loaded with the indices (t < n, so it exists): a
     // skipped token costs 1 KB of reads, a written one a round trip less.
@@ -18,7 +18,7 @@ KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile
     int64_t pos = kv_load_index(p.positions, (p.flags & KV_F_POS_I64) != 0u, t);
     int64_t base;
     if (!kv_insert_check<TILES>(p, slot, pos, tile, &base)) return;
-    kv_write_record<LAYOUT, TILES, LAYOUT == KV_LAYOUT_V4>(p, slot, base, tile, h, fp8_scale, pair);
+    kv_write_record<LAYOUT, TILES, LAYOUT == KV_LAYOUT_V4, WIDE>(p, slot, base, tile, h, fp8_scale, pair);
 }
 
 // Tile-major: a block's G tokens (G = its groups) as 28 G NoPE tiles, token
@@ -67,3 +67,17 @@ KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8)
 KV_INSERT_TILES_KERNEL(kv_insert_nvfp4_tiles, KV_LAYOUT_NVFP4)
 KV_INSERT_TILES_KERNEL(kv_insert_bf16_tiles, KV_LAYOUT_BF16)
 KV_INSERT_TILES_KERNEL(kv_insert_fp8_tiles, KV_LAYOUT_FP8)
+
+// The generic inserts (an F16 cos/sin table): a token per group, as
+// kv_compress_cr1_wide says.
+#define KV_INSERT_WIDE_KERNEL(name, LAYOUT)                                           \
+    KV_KERNEL KV_LAUNCH_BOUNDS_2(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
+        int64_t t = kv_group(p.flags);                                                \
+        if (t < p.n) kv_insert_token<LAYOUT, false, true>(p, t, kv_lane());           \
+    }
+
+KV_INSERT_WIDE_KERNEL(kv_insert_v4_wide, KV_LAYOUT_V4)
+KV_INSERT_WIDE_KERNEL(kv_insert_mxfp8_wide, KV_LAYOUT_MXFP8)
+KV_INSERT_WIDE_KERNEL(kv_insert_nvfp4_wide, KV_LAYOUT_NVFP4)
+KV_INSERT_WIDE_KERNEL(kv_insert_bf16_wide, KV_LAYOUT_BF16)
+KV_INSERT_WIDE_KERNEL(kv_insert_fp8_wide, KV_LAYOUT_FP8)

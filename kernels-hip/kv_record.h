@@ -8,9 +8,21 @@
 // ---- rope_quant_insert: one token's record ---------------------------------
 
 // cos and sin of RoPE pairs 224 + 8 (k - 28) .. + 8, for RoPE tile k, from
-// row `base`.
+// row `base`. WIDE: the generic kernels, which also read an F16 table.
+template <bool WIDE = false>
 KV_DEVICE void kv_load_cos_sin8(const KvInsertParams& p, int64_t base, unsigned k, float c[8], float s[8]) {
     int64_t k0 = 8 * (int64_t)(k - 28u);
+    if constexpr (WIDE) {
+        if (p.flags & KV_F_COS_F16) {
+            const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                c[j] = kv_f16_to_f32(row[k0 + j]);
+                s[j] = kv_f16_to_f32(row[32 + k0 + j]);
+            }
+            return;
+        }
+    }
     if (p.flags & KV_F_COS_BF16) {
         const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
 #pragma unroll
@@ -38,7 +50,7 @@ KV_DEVICE void kv_load_cos_sin8(const KvInsertParams& p, int64_t base, unsigned 
 // limit). Otherwise (a token per group: lanes 28..31 of every warp rotate)
 // both kinds run the one sequence, NoPE lanes with constant (1, 0); two
 // paths would cost such a warp both.
-template <bool TILES>
+template <bool TILES, bool WIDE = false>
 KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, const uint16_t h[16], float r[16]) {
     float c[8], s[8];
     if (TILES) {
@@ -48,9 +60,9 @@ KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, co
                 kv_rope_nope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), &r[2 * j], &r[2 * j + 1]);
             return;
         }
-        kv_load_cos_sin8(p, base, k, c, s);
+        kv_load_cos_sin8<WIDE>(p, base, k, c, s);
     } else if (k >= 28u) {
-        kv_load_cos_sin8(p, base, k, c, s);
+        kv_load_cos_sin8<WIDE>(p, base, k, c, s);
     } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -63,8 +75,18 @@ KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, co
         kv_rope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), c[j], s[j], &r[2 * j], &r[2 * j + 1]);
 }
 
-// cos and sin of RoPE pair 224 + k from row `base` (k < 32).
+// cos and sin of RoPE pair 224 + k from row `base` (k < 32); WIDE as in
+// kv_load_cos_sin8.
+template <bool WIDE = false>
 KV_DEVICE void kv_cos_sin_at(const KvInsertParams& p, int64_t base, unsigned k, float* c, float* s) {
+    if constexpr (WIDE) {
+        if (p.flags & KV_F_COS_F16) {
+            const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
+            *c = kv_f16_to_f32(row[k]);
+            *s = kv_f16_to_f32(row[32 + k]);
+            return;
+        }
+    }
     if (p.flags & KV_F_COS_BF16) {
         const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
         *c = kv_bf16_to_f32(row[k]);
@@ -175,8 +197,9 @@ KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t po
 // RoPE pairs cross lanes, always runs on groups. FP8 rows take the
 // per-tensor scale the caller loaded with its first reads. PAIR_LOADED (V4
 // inserts, whose latent is in memory): `pair` is the lane's RoPE pair,
-// loaded with the latent, instead of gathered from the other lanes.
-template <int LAYOUT, bool TILES, bool PAIR_LOADED = false>
+// loaded with the latent, instead of gathered from the other lanes. WIDE:
+// the generic kernels' table types (kv_load_cos_sin8).
+template <int LAYOUT, bool TILES, bool PAIR_LOADED = false, bool WIDE = false>
 KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t base, unsigned tile,
                                const uint16_t h[16], float fp8_scale, uint32_t pair = 0u) {
     const bool sanitize = (p.flags & KV_F_SANITIZE) != 0u;
@@ -188,7 +211,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
 #pragma unroll
         for (int j = 0; j < 16; ++j) x[j] = kv_bf16_to_f32(h[j]);
     } else {
-        kv_rotate16<TILES>(p, base, tile, h, r);  // V4 rotates by pairs below
+        kv_rotate16<TILES, WIDE>(p, base, tile, h, r);  // V4 rotates by pairs below
     }
     int64_t row;
     int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
@@ -213,7 +236,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         // while the others waited was most of this kernel's time.
         uint32_t rope = v4_pair;
         float c, sn;
-        kv_cos_sin_at(p, base, tile, &c, &sn);
+        kv_cos_sin_at<WIDE>(p, base, tile, &c, &sn);
         float re, ro;
         kv_rope_pair(kv_bf16_to_f32((uint16_t)(rope & 0xffffu)), kv_bf16_to_f32((uint16_t)(rope >> 16)), c, sn,
                      &re, &ro);

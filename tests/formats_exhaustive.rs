@@ -7,8 +7,8 @@
 //! The 2^32 sweeps run in parallel with rayon over chunks of 2^20 inputs.
 
 use dsv4_kvcache::formats::{
-    bf16_from_f32, bf16_to_f32, e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, e4m3_to_f32,
-    f16_to_f32, ue8m0_to_f32,
+    bf16_from_f32, bf16_to_f32, e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, e4m3_to_f32, f16_to_f32,
+    ue8m0_to_f32,
 };
 use dsv4_kvcache::math::{block_scale_exponent, exp, exp_nonpos};
 use float8::F8E4M3;

@@ -20,7 +20,9 @@ fn as_f32(b: &Buf) -> Buf {
         .into_iter()
         .map(|o| match d.dtype {
             DType::F32 => f32::from_le_bytes(b.bytes[o..o + 4].try_into().unwrap()),
-            DType::BF16 => f32::from_bits(u32::from(u16::from_le_bytes([b.bytes[o], b.bytes[o + 1]])) << 16),
+            DType::BF16 => {
+                f32::from_bits(u32::from(u16::from_le_bytes([b.bytes[o], b.bytes[o + 1]])) << 16)
+            }
             DType::F16 => half::f16::from_le_bytes([b.bytes[o], b.bytes[o + 1]]).to_f32(),
             t => panic!("{t} is not an input float type"),
         })

@@ -54,8 +54,13 @@ def main():
         for cr in (1, 2):
             for adv in (False, True):
                 for san in (False, True):
-                    for t in (1, 37, 640, 8192):
+                    # The seed reads cos_sin_cache through .to(float32): every
+                    # table type (float32 at every size, the others at two).
+                    runs = [(t, cs) for t in (1, 37, 640, 8192) for cs in (torch.float32, torch.bfloat16, torch.float16)
+                            if cs == torch.float32 or t in (37, 640)]
+                    for t, cs in runs:
                         c = insert_case(layout, cr, t=t, seed=t + cr, adversarial=adv, blocks=(t // 16) + 4, bs=64)
+                        c["cos_sin_cache"] = c["cos_sin_cache"].to(cs)
                         cap = c["kv_cache"].shape[0] * 64
                         # The seed does not bound-check: keep indices in range for it.
                         c["slot_mapping"][c["slot_mapping"] >= cap] = -1
@@ -67,12 +72,12 @@ def main():
                                             seed["kv_cache"], seed["slot_mapping"], cr, san)
                         torch.cuda.synchronize()
                         ok = eq(ours["kv_cache"], seed["kv_cache"])
-                        seed_rows.append((layout, cr, adv, san, t, ok))
+                        seed_rows.append((layout, cr, adv, san, t, str(cs), ok))
                         if not ok:
                             nbad = int((ours["kv_cache"].view(torch.uint8) != seed["kv_cache"].view(torch.uint8)).sum())
-                            fails.append(f"seed {layout} cr{cr} adv={adv} san={san} T={t}: {nbad} bytes differ")
-    print(f"seed Triton vs ours (MXFP8, NVFP4; CR1/2; random/adversarial; sanitize off/on; T=1,37,640,8192): "
-          f"{sum(r[-1] for r in seed_rows)}/{len(seed_rows)} identical")
+                            fails.append(f"seed {layout} cr{cr} adv={adv} san={san} T={t} cos_sin {cs}: {nbad} bytes differ")
+    print(f"seed Triton vs ours (MXFP8, NVFP4; CR1/2; random/adversarial; sanitize off/on; T=1,37,640,8192; "
+          f"cos_sin float32, and bfloat16/float16 at T=37,640): {sum(r[-1] for r in seed_rows)}/{len(seed_rows)} identical")
     report["seed_parity"] = seed_rows
 
     # 2. Every op on the GPU against our CPU path (the reference).
@@ -85,7 +90,7 @@ def main():
     ]:
         for s in range(3):
             for adv in (False, True):
-                for c in make(s, adv):
+                for c in (v for c0 in make(s, adv) for v in input_type_variants(c0)):
                     cpu, gpu = clone(c), to(c, dev)
                     getattr(dk, name)(**cpu)
                     getattr(dk, name)(**gpu)
@@ -97,7 +102,8 @@ def main():
                                 n_ok += 1
                             else:
                                 fails.append(f"{name} seed={s} adv={adv}: {k2} differs from the CPU")
-    print(f"GPU vs CPU reference, all four ops (5 layouts, CR1/2, prev_rows, random/adversarial): {n_ok}/{n} outputs identical")
+    print(f"GPU vs CPU reference, all four ops (5 layouts, CR1/2, prev_rows, random/adversarial, weight/table types "
+          f"bf16/f32, f32/f16, f16/bf16): {n_ok}/{n} outputs identical")
     report["gpu_vs_cpu"] = [n_ok, n]
 
     # 3. Graph capture and replay vs eager (compress CR2 through the ring, then insert).
@@ -220,6 +226,21 @@ def main():
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1, default=str)
     return 1 if fails else 0
+
+
+def input_type_variants(c):
+    """The case as it is, and with other weight / table types the seed accepts
+    (it reads both through .to(float32)): F32 weight (values bfloat16 cannot
+    hold) with an F16 table, F16 weight with a BF16 table."""
+    yield c
+    for w, cs in ((torch.float32, torch.float16), (torch.float16, torch.bfloat16)):
+        v = dict(c)
+        if "rms_norm_weight" in v:
+            v["rms_norm_weight"] = (v["rms_norm_weight"].float() + 1e-3).to(w)
+        if "cos_sin_cache" in v:
+            v["cos_sin_cache"] = v["cos_sin_cache"].to(cs)
+        if "rms_norm_weight" in v or "cos_sin_cache" in v:
+            yield v
 
 
 def clone_gpu(d):

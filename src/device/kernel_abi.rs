@@ -574,8 +574,14 @@ mod tests {
                 named(k, format!("{}_tiles", insert_kernel(l).name()));
             }
             named(insert_wide_kernel(l), format!("kv_insert_{suffix}_wide"));
-            named(fused_wide_kernel(1, l), format!("kv_fused_cr1_{suffix}_wide"));
-            named(fused_wide_kernel(2, l), format!("kv_fused_cr2_{suffix}_wide"));
+            named(
+                fused_wide_kernel(1, l),
+                format!("kv_fused_cr1_{suffix}_wide"),
+            );
+            named(
+                fused_wide_kernel(2, l),
+                format!("kv_fused_cr2_{suffix}_wide"),
+            );
             for k in [
                 insert_kernel(l),
                 insert_wide_kernel(l),

@@ -393,17 +393,18 @@ impl LaunchPolicy {
     /// generic kernels (one group per item), whatever the policy forces.
     pub fn compress_launch(&self, p: &CompressPlan) -> Launch {
         if weight_needs_wide(p.weight_dtype) {
-            return self.compressor_launch(p, false, true, |_| {
-                compress_wide_kernel(p.compress_ratio)
-            });
+            return self
+                .compressor_launch(p, false, true, |_| compress_wide_kernel(p.compress_ratio));
         }
-        self.compressor_launch(p, false, false, |shape| match (shape.items, shape.multi_token) {
-            (Cr2Items::Lone, _) => compress_kernel(p.compress_ratio),
-            (Cr2Items::Teams, true) => Kernel::CompressCr2TeamMtp,
-            (Cr2Items::Teams, false) => Kernel::CompressCr2Team,
-            (Cr2Items::Pairs, true) => Kernel::CompressCr2PairMtp,
-            (Cr2Items::Pairs, false) => Kernel::CompressCr2Pair,
-            (Cr2Items::LoneHalves, _) => Kernel::CompressCr2Long,
+        self.compressor_launch(p, false, false, |shape| {
+            match (shape.items, shape.multi_token) {
+                (Cr2Items::Lone, _) => compress_kernel(p.compress_ratio),
+                (Cr2Items::Teams, true) => Kernel::CompressCr2TeamMtp,
+                (Cr2Items::Teams, false) => Kernel::CompressCr2Team,
+                (Cr2Items::Pairs, true) => Kernel::CompressCr2PairMtp,
+                (Cr2Items::Pairs, false) => Kernel::CompressCr2Pair,
+                (Cr2Items::LoneHalves, _) => Kernel::CompressCr2Long,
+            }
         })
     }
 
@@ -413,8 +414,10 @@ impl LaunchPolicy {
     pub fn fused_launch(&self, p: &FusedPlan) -> Launch {
         let layout = p.insert.cache.layout;
         let cr = p.compress.compress_ratio;
-        if weight_needs_wide(p.compress.weight_dtype) || cos_sin_needs_wide(p.insert.cos_sin_dtype) {
-            return self.compressor_launch(&p.compress, true, true, |_| fused_wide_kernel(cr, layout));
+        if weight_needs_wide(p.compress.weight_dtype) || cos_sin_needs_wide(p.insert.cos_sin_dtype)
+        {
+            return self
+                .compressor_launch(&p.compress, true, true, |_| fused_wide_kernel(cr, layout));
         }
         self.compressor_launch(&p.compress, true, false, |shape| {
             match (shape.items, shape.multi_token) {

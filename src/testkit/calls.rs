@@ -1,9 +1,10 @@
 //! Random calls of every operation, for the concurrency tests and the soak:
 //! a stream of small, self-contained vector files drawn from one seed.
 
-use super::cases::{make_case, make_gather_case, make_written_gather_case, CaseSpec};
+use super::cases::{make_case_with, make_gather_case, make_written_gather_case, CaseSpec, Floats};
 use super::Rng;
 use crate::layout::RecordLayout;
+use crate::tensor::DType;
 use crate::vectors::{Op, VectorFile};
 
 /// The knobs of [`random_call`].
@@ -25,7 +26,9 @@ impl Default for CallMix {
 }
 
 /// One random call: any operation (the four writers and the reader), any
-/// layout, CR1 or CR2, sanitize on or off, 1 to `mix.max_tokens` tokens;
+/// layout, CR1 or CR2, sanitize on or off, 1 to `mix.max_tokens` tokens,
+/// the weight and cos/sin table of any input type (half the calls the tuned
+/// kernels' BF16 and F32);
 /// the file holds its inputs only (run it with
 /// [`VectorFile::prepare`](crate::vectors::VectorFile::prepare), or fill its
 /// outputs with [`VectorFile::capture_reference`]). The same `rng` state
@@ -46,7 +49,9 @@ pub fn random_call(rng: &mut Rng, mix: CallMix) -> VectorFile {
         adversarial: mix.adversarial && rng.below(4) == 0,
     };
     if op != Op::GatherDequant {
-        return make_case(&spec);
+        // The types from the case's seed, so that the stream of draws is
+        // the same as without them.
+        return make_case_with(&spec, INPUT_FLOATS[(spec.seed >> 61) as usize]);
     }
     // The reader: slot form (0 requests) or a block table, random or
     // written records, BF16 or F32 out.
@@ -60,6 +65,23 @@ pub fn random_call(rng: &mut Rng, mix: CallMix) -> VectorFile {
     } else {
         make_written_gather_case(&spec, out_f32)
     }
+}
+
+/// The weight and table types of random calls: half of them the tuned
+/// kernels' (a BF16 weight, an F32 or BF16 table), half the generic ones'.
+const INPUT_FLOATS: [Floats; 8] = [
+    Floats::TUNED,
+    Floats::TUNED,
+    floats(DType::BF16, DType::BF16),
+    floats(DType::BF16, DType::F32),
+    floats(DType::F32, DType::F32),
+    floats(DType::F16, DType::F16),
+    floats(DType::BF16, DType::F16),
+    floats(DType::F32, DType::BF16),
+];
+
+const fn floats(weight: DType, cos_sin: DType) -> Floats {
+    Floats { weight, cos_sin }
 }
 
 /// `n` random calls from `seed` (see [`random_call`]).

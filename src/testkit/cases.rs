@@ -205,11 +205,29 @@ pub fn split(tokens: usize, requests: usize) -> Vec<usize> {
         .collect()
 }
 
-fn insert_inputs(f: &mut VectorFile, rng: &mut Rng, s: &CaseSpec, slots: Vec<i64>) {
+/// f32 values stored as `dtype` (F32, BF16 or F16; rounded to nearest even).
+fn input_floats(dtype: DType, shape: &[usize], v: &[f32]) -> VTensor {
+    match dtype {
+        DType::BF16 => VTensor::bf16_bits(
+            shape,
+            &v.iter().map(|&x| bf16_from_f32(x)).collect::<Vec<_>>(),
+        ),
+        DType::F16 => VTensor::bytes(
+            DType::F16,
+            shape,
+            v.iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect(),
+        ),
+        _ => VTensor::f32(shape, v),
+    }
+}
+
+fn insert_inputs(f: &mut VectorFile, rng: &mut Rng, s: &CaseSpec, floats: Floats, slots: Vec<i64>) {
     let t = s.tokens;
     f.set_input(
         "cos_sin",
-        VTensor::f32(&[t.max(1), 64], &rope_cos_sin(t.max(1))),
+        input_floats(floats.cos_sin, &[t.max(1), 64], &rope_cos_sin(t.max(1))),
     );
     f.set_input("kv_cache", cache_tensor(rng, s.layout, t));
     let key = if s.op == Op::FusedCompressInsert {
@@ -224,17 +242,15 @@ fn insert_inputs(f: &mut VectorFile, rng: &mut Rng, s: &CaseSpec, slots: Vec<i64
     f.set_meta("layout", s.layout.name());
 }
 
-fn compress_inputs(f: &mut VectorFile, rng: &mut Rng, s: &CaseSpec) {
+fn compress_inputs(f: &mut VectorFile, rng: &mut Rng, s: &CaseSpec, floats: Floats) {
     let t = s.tokens;
     let cr = s.compress_ratio as usize;
     f.set_input(
         "kv_score",
         VTensor::f32(&[t, DIM * cr], &f32_rows(rng, t, DIM * cr, s.adversarial)),
     );
-    let w: Vec<u16> = (0..DIM)
-        .map(|_| bf16_from_f32(1.0 + 0.25 * rng.normal()))
-        .collect();
-    f.set_input("rms_norm_weight", VTensor::bf16_bits(&[DIM], &w));
+    let w: Vec<f32> = (0..DIM).map(|_| 1.0 + 0.25 * rng.normal()).collect();
+    f.set_input("rms_norm_weight", input_floats(floats.weight, &[DIM], &w));
     f.set_input(
         "latent_out",
         VTensor::bytes(DType::BF16, &[t, DIM], rng.bytes(2 * t * DIM)),
@@ -437,6 +453,31 @@ pub fn make_written_gather_case(s: &CaseSpec, out_f32: bool) -> VectorFile {
 /// blocks of [`BLOCK_SIZE`] rows and canary bytes; cache slots are a
 /// random permutation (as in the performance anchors).
 pub fn make_case(s: &CaseSpec) -> VectorFile {
+    make_case_with(s, Floats::TUNED)
+}
+
+/// The element types of `rms_norm_weight` and `cos_sin_cache` in a
+/// generated case (F32, BF16 or F16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Floats {
+    /// `rms_norm_weight`'s.
+    pub weight: DType,
+    /// `cos_sin_cache`'s.
+    pub cos_sin: DType,
+}
+
+impl Floats {
+    /// What [`make_case`] generates: a BF16 weight, an F32 table (the
+    /// tuned kernels' types, as in the performance anchors).
+    pub const TUNED: Floats = Floats {
+        weight: DType::BF16,
+        cos_sin: DType::F32,
+    };
+}
+
+/// [`make_case`] with the weight and the table of the given types (the
+/// same values, rounded to the type).
+pub fn make_case_with(s: &CaseSpec, floats: Floats) -> VectorFile {
     let mut f = VectorFile::new(s.op);
     let mut rng = Rng::new(s.seed);
     let t = s.tokens;
@@ -448,15 +489,15 @@ pub fn make_case(s: &CaseSpec) -> VectorFile {
             f.set_input("latent", VTensor::bf16_bits(&[t, DIM], &latent));
             f.set_input("positions", VTensor::i64(&[t], &positions));
             let slots = cache_slots(&mut rng, t, s.adversarial);
-            insert_inputs(&mut f, &mut rng, s, slots);
+            insert_inputs(&mut f, &mut rng, s, floats, slots);
             f.set_meta("compress_ratio", s.compress_ratio.to_string());
         }
         Op::FusedSaveCompressNorm | Op::FusedCompressInsert => {
             f.set_input("positions", VTensor::i64(&[t], &positions));
-            compress_inputs(&mut f, &mut rng, s);
+            compress_inputs(&mut f, &mut rng, s, floats);
             if s.op == Op::FusedCompressInsert {
                 let slots = cache_slots(&mut rng, t, s.adversarial);
-                insert_inputs(&mut f, &mut rng, s, slots);
+                insert_inputs(&mut f, &mut rng, s, floats, slots);
             }
             f.set_meta("compress_ratio", s.compress_ratio.to_string());
         }

@@ -17,8 +17,8 @@ mod rng;
 pub use calls::{random_call, random_calls, CallMix};
 
 pub use cases::{
-    make_case, make_gather_case, make_written_gather_case, rope_cos_sin, split, CaseSpec,
-    BLOCK_SIZE, FP8_SCALE, GATHER_BLOCK_SIZE, RMS_NORM_EPS,
+    make_case, make_case_with, make_gather_case, make_written_gather_case, rope_cos_sin, split,
+    CaseSpec, Floats, BLOCK_SIZE, FP8_SCALE, GATHER_BLOCK_SIZE, RMS_NORM_EPS,
 };
 pub use rng::{normals, Rng};
 

@@ -1106,6 +1106,7 @@ pub fn compress_case(name: &str, s: &CompressSpec, sanitize: bool) -> Case {
     k.sanitize = sanitize;
     k.index_i64 = s.index_i64;
     k.prev_rows = s.prev.is_some();
+    k.weight_dtype = s.weight_dtype;
     let mut c = empty_case(name, k);
     s.fill(&mut c);
     c
@@ -1881,11 +1882,7 @@ pub fn adversarial_cases() -> Vec<Case> {
                     *s = if t % 9 == 5 { -1 } else { t as i64 };
                 }
             }
-            let table = adversarial_cos_sin(if i % 2 == 0 {
-                DType::BF16
-            } else {
-                DType::F32
-            });
+            let table = adversarial_cos_sin(if i % 2 == 0 { DType::BF16 } else { DType::F32 });
             for skip in [false, true] {
                 let name = format!(
                     "adversarial fused {} cr{cr} skip_latent_out={skip}",

@@ -29,6 +29,16 @@ void (*kv_host_as(void (*k)(const Q)))(const P) {
         return nullptr;
 }
 
+// Points a parameter block's skip counters at the harness's.
+template <class P>
+void kv_host_set_counters(P& p, unsigned* c) {
+    p.counters = c;
+}
+inline void kv_host_set_counters(KvFusedParams& p, unsigned* c) {
+    p.compress.counters = c;
+    p.insert.counters = c;
+}
+
 // A launch as read from stdin, its parameter block of type P.
 template <class P>
 struct KvHostLaunch {
@@ -56,7 +66,7 @@ struct KvHostLaunch {
         kv_host_read(&kernel[0], name_len);
         kv_host_read(&grid, 4);
         kv_host_read(&block, 4);
-        params.counters = counters;
+        kv_host_set_counters(params, counters);
     }
 
     // A pointer field given as buffer id and offset, made a host address.

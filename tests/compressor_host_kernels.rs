@@ -1,0 +1,300 @@
+//! The one-group-per-item compress and fused kernels, the tuned ones and the
+//! generic (`_wide`) ones that read F32 or F16 weights and F16 cos/sin
+//! tables, compiled for the host from `kernels-hip/kvcache.hip`
+//! (`kv_compress.hip`, `kv_fused.hip`) and run against the CPU reference byte
+//! for byte (latents, ring, cache, skip counts): every compress and fused
+//! kind of `common::all_kinds` (with each weight and table type), with
+//! special values and wild indices, and the adversarial cases, under each
+//! block size. A group's 32 lanes run on threads of their own
+//! (`tests/host_kernels/compressor_host.h`), so the norm's butterfly and the
+//! records' exchanges run as on a device; the team kernels (block barriers,
+//! shared memory) and the preludes' hardware paths are left to the device
+//! parity tests.
+//!
+//! Needs a host C++17 compiler (`$CXX`, else `c++`); without one it prints
+//! SKIPPED.
+
+mod common;
+#[path = "host_kernels/mod.rs"]
+mod host_kernels;
+
+use common::{adversarial_cases, all_kinds, random_case, run_case_mut, Buf, Case};
+use dsv4_kvcache::kernel_abi::{
+    compress_params, fused_params, CompressPtrs, InsertPtrs, KernelParams,
+};
+use dsv4_kvcache::launch::{Cr2Items, Launch};
+use dsv4_kvcache::ops::{plan_compress, plan_fused, CompressPlan, FusedPlan};
+use dsv4_kvcache::vectors::Op;
+use dsv4_kvcache::{CompressArgs, CpuBackend, FusedArgs, LaunchPolicy, Tensor, TensorMut};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+/// The buffers of a compress or fused case, in the order the pointers
+/// below name them (absent ones empty).
+fn buffers(case: &Case) -> Vec<Vec<u8>> {
+    let b = |x: &Option<Buf>| x.as_ref().map_or(Vec::new(), |b| b.bytes.clone());
+    vec![
+        b(&case.kv_score),
+        b(&case.positions),
+        case.slot_mapping.bytes.clone(),
+        b(&case.query_start_loc),
+        b(&case.token_to_req_indices),
+        b(&case.rms_norm_weight),
+        b(&case.latent),
+        b(&case.state_cache),
+        b(&case.prev_rows),
+        b(&case.prev_row_indices),
+        b(&case.cache_slot_mapping),
+        b(&case.cos_sin_cache),
+        b(&case.kv_cache),
+        b(&case.fp8_scale),
+    ]
+}
+
+const LATENT: usize = 6;
+const RING: usize = 7;
+const CACHE: usize = 12;
+
+fn ptrs() -> (CompressPtrs, InsertPtrs) {
+    let id = host_kernels::buffer_ptr;
+    (
+        CompressPtrs {
+            kv_score: id(0),
+            positions: id(1),
+            slots: id(2),
+            qsl: id(3),
+            ttr: id(4),
+            weight: id(5),
+            latent: id(6),
+            ring: id(7),
+            prev_rows: id(8),
+            prev_idx: id(9),
+            counters: 0,
+        },
+        InsertPtrs {
+            latent: id(6),
+            positions: id(1),
+            slots: id(10),
+            cos_sin: id(11),
+            cache: id(12),
+            fp8_scale: id(13),
+            counters: 0,
+        },
+    )
+}
+
+/// A case's plan: the compressor's, with the insert's for fused cases.
+enum Plan {
+    Compress(CompressPlan),
+    Fused(FusedPlan),
+}
+
+fn need<S: ?Sized>(x: Option<Tensor<'_, S>>) -> Tensor<'_, S> {
+    x.expect("a compressor case has it")
+}
+
+fn plan_of(case: &Case) -> Plan {
+    let bufs = buffers(case);
+    let (mut latent, mut ring, mut cache) = (
+        bufs[LATENT].clone(),
+        bufs[RING].clone(),
+        bufs[CACHE].clone(),
+    );
+    let view = |i: usize, b: &Option<Buf>| b.as_ref().map(|b| Tensor::new(&bufs[i], b.desc));
+    let desc = |b: &Option<Buf>| b.as_ref().expect("a compressor case has it").desc;
+    let compress = CompressArgs {
+        kv_score: need(view(0, &case.kv_score)),
+        positions: need(view(1, &case.positions)),
+        state_cache: case
+            .state_cache
+            .as_ref()
+            .map(|b| TensorMut::new(&mut ring, b.desc)),
+        slot_mapping: Tensor::new(&bufs[2], case.slot_mapping.desc),
+        query_start_loc: view(3, &case.query_start_loc),
+        token_to_req_indices: view(4, &case.token_to_req_indices),
+        rms_norm_weight: need(view(5, &case.rms_norm_weight)),
+        rms_norm_eps: case.eps,
+        compress_ratio: case.compress_ratio,
+        latent_out: TensorMut::new(&mut latent, desc(&case.latent)),
+        prev_rows: view(8, &case.prev_rows),
+        prev_row_indices: view(9, &case.prev_row_indices),
+    };
+    let valid = |e: dsv4_kvcache::Error| -> ! { panic!("{}: the case is valid: {e}", case.name) };
+    match case.kind.op {
+        Op::FusedCompressInsert => Plan::Fused(
+            plan_fused(&FusedArgs {
+                compress,
+                skip_latent_out: case.kind.skip_latent_out,
+                cos_sin_cache: need(view(11, &case.cos_sin_cache)),
+                kv_cache: TensorMut::new(&mut cache, desc(&case.kv_cache)),
+                cache_slot_mapping: need(view(10, &case.cache_slot_mapping)),
+                fp8_scale: view(13, &case.fp8_scale),
+            })
+            .unwrap_or_else(|e| valid(e)),
+        ),
+        _ => Plan::Compress(plan_compress(&compress).unwrap_or_else(|e| valid(e))),
+    }
+}
+
+/// Whether a kernel runs one group per item (what the host can run).
+fn one_group_per_item(name: &str) -> bool {
+    let lone = [
+        "kv_compress_cr1",
+        "kv_compress_cr2",
+        "kv_fused_cr1_",
+        "kv_fused_cr2_",
+    ];
+    !["_team", "_pair", "_long"].iter().any(|s| name.contains(s))
+        && lone.iter().any(|p| name.starts_with(p))
+}
+
+/// What one host run wrote: latent, ring and cache buffers, and the counts.
+type Written = (Vec<u8>, Vec<u8>, Vec<u8>, dsv4_kvcache::SkipCounts);
+
+fn run_host(exes: &(PathBuf, PathBuf), case: &Case, plan: &Plan, launch: &Launch) -> Written {
+    let bufs = buffers(case);
+    let slices: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+    let (c, i) = ptrs();
+    let name = launch.kernel.name();
+    let mut out = match plan {
+        Plan::Compress(p) => {
+            let params = compress_params(p, &c).with_geometry(&launch.geometry);
+            host_kernels::run(
+                &exes.0,
+                &slices,
+                &params,
+                name,
+                &launch.geometry,
+                &case.name,
+            )
+        }
+        Plan::Fused(p) => {
+            let params =
+                fused_params(p, &c, &i, case.kind.sanitize).with_geometry(&launch.geometry);
+            host_kernels::run(
+                &exes.1,
+                &slices,
+                &params,
+                name,
+                &launch.geometry,
+                &case.name,
+            )
+        }
+    };
+    (
+        std::mem::take(&mut out.bufs[LATENT]),
+        std::mem::take(&mut out.bufs[RING]),
+        std::mem::take(&mut out.bufs[CACHE]),
+        out.counts,
+    )
+}
+
+#[test]
+fn host_built_compressor_kernels_match_the_reference() {
+    let build = |s| host_kernels::build(s);
+    let exes = match (build("compress_host.cpp"), build("fused_host.cpp")) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(why), _) | (_, Err(why)) => {
+            return host_kernels::skipped(&format!("compressor host kernels: {why}"))
+        }
+    };
+    let mut cases = Vec::new();
+    let kinds: Vec<_> = all_kinds()
+        .into_iter()
+        .filter(|k| matches!(k.op, Op::FusedSaveCompressNorm | Op::FusedCompressInsert))
+        .filter(|k| k.sanitize == k.index_i64)
+        .collect();
+    for (k, kind) in kinds.into_iter().enumerate() {
+        for mix in 0..4u64 {
+            let mut kind = kind;
+            kind.special_values = mix & 1 == 1;
+            kind.wild_indices = mix & 2 == 2;
+            cases.push(random_case((k as u64) << 32 | mix << 16 | 0xc0, kind));
+        }
+    }
+    cases.extend(adversarial_cases().into_iter().filter(|c| {
+        matches!(
+            c.kind.op,
+            Op::FusedSaveCompressNorm | Op::FusedCompressInsert
+        )
+    }));
+    // The default policy (the generic kernels for their types) and lone CR2
+    // groups (the tuned kernels' one-group form) at each block size.
+    let mut policies = vec![LaunchPolicy::default()];
+    for gpb in [2u32, 4, 8] {
+        policies.push(LaunchPolicy {
+            cr2_items: Some(Cr2Items::Lone),
+            groups_per_block: Some(gpb),
+            ..LaunchPolicy::default()
+        });
+    }
+    let mut cpu = CpuBackend::new();
+    let (mut runs, mut bad) = (0usize, 0usize);
+    let mut kernels = BTreeSet::new();
+    for case in &cases {
+        let want = run_case_mut(&mut cpu, case);
+        want.result
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{}: the reference fails: {e}", case.name));
+        let plan = plan_of(case);
+        let mut launches: Vec<Launch> = Vec::new();
+        for pol in &policies {
+            let l = match &plan {
+                Plan::Compress(p) => pol.compress_launch(p),
+                Plan::Fused(p) => pol.fused_launch(p),
+            };
+            if one_group_per_item(l.kernel.name()) && !launches.contains(&l) {
+                launches.push(l);
+            }
+        }
+        for launch in &launches {
+            let (latent, ring, cache, counts) = run_host(&exes, case, &plan, launch);
+            kernels.insert(launch.kernel.name());
+            runs += 1;
+            let same = Some(&latent) == want.latent.as_ref()
+                && want.state_cache.as_ref().is_none_or(|r| *r == ring)
+                && want.kv_cache.as_ref().is_none_or(|c| *c == cache)
+                && counts == want.skips;
+            if !same {
+                eprintln!(
+                    "MISMATCH {} ({launch:?}): counts {counts:?} want {:?}",
+                    case.name, want.skips
+                );
+                bad += 1;
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&exes.0);
+    let _ = std::fs::remove_file(&exes.1);
+    assert_eq!(bad, 0, "{bad} of {runs} runs differ");
+    // Every one-group kernel ran: two compress and ten fused ones, tuned
+    // and generic.
+    assert_eq!(kernels.len(), 24, "kernels run: {kernels:?}");
+    println!(
+        "compressor host kernels: {} cases, {runs} runs, 0 mismatching ({kernels:?})",
+        cases.len()
+    );
+}
+
+/// The kernels' F16 decode (`kv_f16_to_f32`, host-built) equals the
+/// reference's (`formats::f16_to_f32`, itself checked against `half` and
+/// the fields in tests/formats_exhaustive.rs) on every one of the 65,536
+/// codes, NaN payloads included.
+#[test]
+fn host_built_f16_decode_is_the_reference_on_every_code() {
+    let exe = match host_kernels::build("formats_host.cpp") {
+        Ok(e) => e,
+        Err(why) => return host_kernels::skipped(&format!("F16 decode on the host: {why}")),
+    };
+    let out = std::process::Command::new(&exe)
+        .output()
+        .expect("the decode runs");
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success());
+    assert_eq!(out.stdout.len(), 4 << 16);
+    for (h, w) in out.stdout.chunks_exact(4).enumerate() {
+        let got = u32::from_le_bytes(w.try_into().unwrap());
+        let want = dsv4_kvcache::formats::f16_to_f32(h as u16).to_bits();
+        assert_eq!(got, want, "code {h:#06x}");
+    }
+}
