@@ -20,7 +20,9 @@ use dsv4_kvcache::detect::SanitizePolicy;
 use dsv4_kvcache::kernel_abi::Kernel;
 use dsv4_kvcache::testkit::{make_case, CaseSpec};
 use dsv4_kvcache::vectors::Op as VOp;
-use dsv4_kvcache::{Backend, CpuBackend, Error, IndexValues, RecordLayout, Rows, TouchedRows};
+use dsv4_kvcache::{
+    Backend, CpuBackend, DType, Error, IndexValues, RecordLayout, Rows, TouchedRows,
+};
 use std::ffi::{c_char, c_int, CString};
 use std::io::Write as _;
 
@@ -275,6 +277,17 @@ fn devices_faults_and_leaks() {
     assert!(b.runtime_path().contains("libamdhip64"));
     let plain = nan_insert_case(false);
     matches_reference(&b, &plain, "mi300x");
+    // The generic kernels (an F16 weight, an F16 or F32 table) from the
+    // same code object.
+    for (cr, layout, cs) in [
+        (1, RecordLayout::V4, DType::F16),
+        (2, RecordLayout::Nvfp4, DType::F32),
+    ] {
+        let mut k = Kind::new(Op::FusedCompressInsert, cr, layout);
+        k.weight_dtype = DType::F16;
+        k.cos_dtype = cs;
+        matches_reference(&b, &random_case(7, k), "mi300x, generic kernels");
+    }
     drop(b);
     shim.assert_balanced("after the mi300x backend");
 

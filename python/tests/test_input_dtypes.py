@@ -98,10 +98,15 @@ def test_weight_type_is_not_ignored(cr, w):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_table_type_is_not_ignored(layout):
-    c = insert_case(layout, 1, seed=22)
-    f16 = run("rope_quant_insert", typed(c, cs=torch.float16))
-    f32 = run("rope_quant_insert", typed(c, cs=torch.float32))
-    assert not same_storage(f16["kv_cache"], f32["kv_cache"])
+    # NVFP4's 2-bit significands rarely move for a rounded table: some seed
+    # of a few must show it.
+    for seed in range(22, 30):
+        c = insert_case(layout, 1, t=48, seed=seed)
+        f16 = run("rope_quant_insert", typed(c, cs=torch.float16))
+        f32 = run("rope_quant_insert", typed(c, cs=torch.float32))
+        if not same_storage(f16["kv_cache"], f32["kv_cache"]):
+            return
+    pytest.fail(f"{layout}: a float16 table wrote the float32 table's bytes on every seed")
 
 
 def rejects(fn, case, arg):
