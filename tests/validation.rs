@@ -318,8 +318,8 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
         m("slot_mapping past the end", "slot_mapping", |c| {
             past_end(&mut c.slot_mapping)
         }),
-        m("rms_norm_weight F32", "rms_norm_weight", |c| {
-            with_dtype(c.rms_norm_weight.as_mut().expect("w"), DType::F32)
+        m("rms_norm_weight I32", "rms_norm_weight", |c| {
+            with_dtype(c.rms_norm_weight.as_mut().expect("w"), DType::I32)
         }),
         m("rms_norm_weight [256]", "rms_norm_weight", |c| {
             with_shape(c.rms_norm_weight.as_mut().expect("w"), &[256], &[1])

@@ -94,7 +94,10 @@ impl CallRows {
         }
     }
 
-    pub(super) fn compress<S: DevAddr>(p: &CompressPlan, t: &CompressTensors<Bound<'_, S>>) -> Self {
+    pub(super) fn compress<S: DevAddr>(
+        p: &CompressPlan,
+        t: &CompressTensors<Bound<'_, S>>,
+    ) -> Self {
         CallRows {
             op: "fused_save_compress_norm",
             parts: [
