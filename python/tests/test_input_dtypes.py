@@ -80,7 +80,7 @@ def test_every_type_pair_matches_reference_and_widened_call(name, label, case, w
     dk.take_skip_counts("cpu")
     getattr(dk, name)(**ours)
     got = dk.take_skip_counts("cpu")
-    want = getattr(_native, "_reference_" + name)(**ref)
+    want = _native._reference(name, **ref)
     assert outputs_equal(name, ours, ref), f"{name} {label}: differs from the reference"
     assert tuple(got) == tuple(want)
     assert outputs_equal(name, ours, run(name, widened(c))), f"{name} {label}: differs from the widened call"
