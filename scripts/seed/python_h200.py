@@ -232,6 +232,8 @@ def input_type_variants(c):
     """The case as it is, and with other weight / table types the seed accepts
     (it reads both through .to(float32)): F32 weight (values bfloat16 cannot
     hold) with an F16 table, F16 weight with a BF16 table."""
+    import torch
+
     yield c
     for w, cs in ((torch.float32, torch.float16), (torch.float16, torch.bfloat16)):
         v = dict(c)
