@@ -16,6 +16,7 @@
 //! same calls on the CPU reference, and memory is sampled.
 
 use crate::args::Opts;
+use crate::demo::{cache_desc, BLOCK, FP8_SCALE, RING_CAPACITY as RING};
 use crate::select::{with_backend, Job};
 use crate::timing::Timing;
 use crate::{CliError, CliResult};
@@ -94,14 +95,8 @@ struct SoakConfig {
     report_every: Duration,
 }
 
-/// Ring rows per request slot.
-const RING: usize = 4;
-/// Rows per cache block.
-const BLOCK: usize = 64;
 /// Largest prefill chunk.
 const MAX_CHUNK: usize = 64;
-/// The FP8 rows' per-tensor scale.
-const FP8_SCALE: f32 = 0.02;
 
 /// A request in a slot.
 struct Request {
@@ -144,11 +139,7 @@ struct Shape {
 
 impl Shape {
     fn cache_desc(&self, l: RecordLayout) -> TensorDesc {
-        match l {
-            RecordLayout::Bf16Rows => d(DType::BF16, &[self.blocks, BLOCK, DIM]),
-            RecordLayout::Fp8Rows => d(DType::F8E4M3, &[self.blocks, BLOCK, DIM]),
-            l => d(DType::U8, &[self.blocks, BLOCK, l.record_bytes()]),
-        }
+        cache_desc(self.blocks, l)
     }
 }
 
