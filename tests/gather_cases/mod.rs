@@ -598,3 +598,42 @@ pub fn every_code_scales(layout: RecordLayout) -> &'static [f32] {
         &[1.0]
     }
 }
+
+/// For `layout`: random cases with either index form, wild or not, at each
+/// of `sizes` and both sides of the layout's split end (case `k` of the
+/// sweep seeded `(*seed + k) << shift | n`), then every every-code case;
+/// `*seed` moves past the seeds used.
+pub fn layout_sweep(
+    layout: RecordLayout,
+    sizes: &[usize],
+    shift: u32,
+    seed: &mut u64,
+) -> Vec<Case> {
+    let split = dsv4_kvcache::gather::gather_split_max_rows(layout);
+    let mut sizes = [sizes, &[split, split + 1]].concat();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut out = Vec::new();
+    for table in [false, true] {
+        for wild in [false, true] {
+            for &n in &sizes {
+                *seed += 1;
+                out.push(random_case(
+                    *seed << shift | n as u64,
+                    layout,
+                    table,
+                    n,
+                    wild,
+                ));
+            }
+        }
+    }
+    for out_f32 in [false, true] {
+        for &s in every_code_scales(layout) {
+            for i64 in [false, true] {
+                out.push(every_code_case(layout, out_f32, s, i64));
+            }
+        }
+    }
+    out
+}
