@@ -1147,6 +1147,39 @@ fn is_bf16_inf(h: u16) -> bool {
     (h & 0x7fff) == 0x7f80
 }
 
+/// [`check_fp8_block_specials`] on every `width`-element block of `src`
+/// and `bytes`, block `b` with scale byte `scales[b]`.
+fn check_fp8_blocks(
+    name: &str,
+    src: &[f32],
+    bytes: &[u8],
+    scales: &[u8],
+    width: usize,
+    nan_to_zero: bool,
+    sanitize: bool,
+) {
+    assert_eq!(src.len(), bytes.len(), "{name}: elements and codes");
+    assert!(
+        scales.len() >= src.len().div_ceil(width),
+        "{name}: scale count"
+    );
+    let blocks = src.chunks(width).zip(bytes.chunks(width));
+    for ((src, bytes), &scale) in blocks.zip(scales) {
+        check_fp8_block_specials(name, src, bytes, scale, nan_to_zero, sanitize);
+    }
+}
+
+/// No e4m3 NaN byte among `codes`; under sanitizing no UE8M0 255 scale.
+fn assert_no_fp8_nan(name: &str, codes: &[u8], scales: &[u8], sanitize: bool) {
+    assert!(
+        !codes.iter().any(|b| NAN_E4M3.contains(b)),
+        "{name}: e4m3 NaN byte"
+    );
+    if sanitize {
+        assert!(!scales.contains(&255), "{name}: UE8M0 255 under sanitizing");
+    }
+}
+
 /// Expected bytes of an FP8 block (`src` = the quantized vector) for its
 /// special elements, per `semantics.md`: with an infinity in the block the
 /// scale byte is 255 (254 sanitized), infinite and NaN elements give `0x7E`
@@ -1226,17 +1259,8 @@ fn check_specials(c: &Case) {
         let moderate = x.iter().all(|v| v.abs() <= 2f32.powi(126));
         match layout {
             RecordLayout::V4 => {
-                for b in 0..7 {
-                    // NoPE: quantized from the unrotated latent, never sanitized.
-                    check_fp8_block_specials(
-                        &name,
-                        &x[64 * b..64 * b + 64],
-                        &v[64 * b..64 * b + 64],
-                        s[b],
-                        false,
-                        san,
-                    );
-                }
+                // NoPE: quantized from the unrotated latent, never sanitized.
+                check_fp8_blocks(&name, &x[..448], &v[..448], &s, 64, false, san);
                 assert_eq!(s[7], 0);
                 for i in 448..512 {
                     let h = u16::from_le_bytes([v[448 + 2 * (i - 448)], v[449 + 2 * (i - 448)]]);
@@ -1249,32 +1273,11 @@ fn check_specials(c: &Case) {
                         assert!(!is_bf16_inf(h), "{name}: infinity from a finite latent");
                     }
                 }
-                assert!(
-                    !v[..448].iter().any(|b| NAN_E4M3.contains(b)),
-                    "{name}: e4m3 NaN byte"
-                );
-                if san {
-                    assert!(!s.contains(&255), "{name}: UE8M0 255 under sanitizing");
-                }
+                assert_no_fp8_nan(&name, &v[..448], &s, san);
             }
             RecordLayout::Mxfp8 => {
-                for b in 0..16 {
-                    check_fp8_block_specials(
-                        &name,
-                        &rs[32 * b..32 * b + 32],
-                        &v[32 * b..32 * b + 32],
-                        s[b],
-                        san,
-                        san,
-                    );
-                }
-                assert!(
-                    !v.iter().any(|b| NAN_E4M3.contains(b)),
-                    "{name}: e4m3 NaN byte"
-                );
-                if san {
-                    assert!(!s.contains(&255), "{name}: UE8M0 255 under sanitizing");
-                }
+                check_fp8_blocks(&name, &rs, &v, &s, 32, san, san);
+                assert_no_fp8_nan(&name, &v, &s, san);
             }
             RecordLayout::Nvfp4 => {
                 assert!(
