@@ -323,6 +323,20 @@ fn on_random_cache(
     }
 }
 
+/// A block table of 3 requests x 2 columns (rows 2 apart), its
+/// `cu_seq_lens`, `seq_starts` and index type.
+fn table_3x2(table: [i64; 6], cu: Vec<i64>, starts: Option<Vec<i64>>, i64: bool) -> Form {
+    Form::Table {
+        table: table.to_vec(),
+        rows: 3,
+        cols: 2,
+        row_stride: 2,
+        cu,
+        starts,
+        i64,
+    }
+}
+
 /// A block table by hand: positions through `seq_starts`, a request past
 /// its table, a bad block, an empty request, a total beyond `out`.
 #[test]
@@ -332,19 +346,14 @@ fn block_table_rows_by_hand() {
         // 1, 2, 3). Request 1: empty. Request 2: rows 3..6 from position 6:
         // positions 6, 7 in table[2][1] = 9 (bad block), position 8 past
         // the two columns. The total 7 is beyond out's 6 rows.
-        form: Form::Table {
-            table: vec![0, 3, 1, 1, 2, 9],
-            rows: 3,
-            cols: 2,
-            row_stride: 2,
-            cu: vec![0, 3, 3, 7],
-            starts: Some(vec![5, 0, 6]),
-            i64: false,
-        },
+        form: table_3x2(
+            [0, 3, 1, 1, 2, 9],
+            vec![0, 3, 3, 7],
+            Some(vec![5, 0, 6]),
+            false,
+        ),
         out_f32: false,
         out_rows: 6,
-        out_row_stride: DIM,
-        out_offset: 0,
         ..on_random_cache("by hand", RecordLayout::Mxfp8, 7, 4, 4)
     };
     let (rows, once) = model(&case);
@@ -377,19 +386,9 @@ fn block_table_rows_by_hand() {
 #[test]
 fn decreasing_cu_seq_lens_follows_the_search() {
     let mut case = Case {
-        form: Form::Table {
-            table: vec![0, 1, 1, 0, 0, 1],
-            rows: 3,
-            cols: 2,
-            row_stride: 2,
-            cu: vec![0, 5, 2, 6],
-            starts: None,
-            i64: true,
-        },
+        form: table_3x2([0, 1, 1, 0, 0, 1], vec![0, 5, 2, 6], None, true),
         out_f32: true,
         out_rows: 7,
-        out_row_stride: DIM,
-        out_offset: 0,
         ..on_random_cache("decreasing", RecordLayout::Bf16Rows, 8, 2, 4)
     };
     // Rows 0..5: the search stops at request 0 (cu[1] = 5 > o), which owns
@@ -411,15 +410,7 @@ fn decreasing_cu_seq_lens_follows_the_search() {
     assert_eq!(once, SkipCounts::default());
     check(&case, &case.run(&CpuBackend::new()).unwrap());
     // A first entry above the row: the rows before it are nobody's.
-    case.form = Form::Table {
-        table: vec![0, 1, 1, 0, 0, 1],
-        rows: 3,
-        cols: 2,
-        row_stride: 2,
-        cu: vec![10, 0, 5, 3],
-        starts: None,
-        i64: false,
-    };
+    case.form = table_3x2([0, 1, 1, 0, 0, 1], vec![10, 0, 5, 3], None, false);
     let (rows, _) = model(&case);
     // Rows 0..5 land on request 1 (cu[1] = 0 <= o, cu[2] = 5 > o), whose
     // table row is [1, 0]; rows 5 and 6 on request 2, which owns nothing.

@@ -99,6 +99,12 @@ fn with_shape(b: &mut Buf, shape: &[usize], strides: &[usize]) {
     set_view(b, strided(d.dtype, shape, strides, d.offset));
 }
 
+/// A rank-2 view of the same rows, `width` elements each, `row_stride` apart.
+fn with_width(b: &mut Buf, width: usize, row_stride: usize) {
+    let rows = b.desc.shape()[0];
+    with_shape(b, &[rows, width], &[row_stride, 1]);
+}
+
 fn with_offset(b: &mut Buf, offset: usize) {
     let d = b.desc;
     set_view(b, d.with_offset(offset));
@@ -258,12 +264,10 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
             with_dtype(kv(c), DType::I32)
         }),
         m("kv_score wrong width", "kv_score", move |c| {
-            let r = kv(c).desc.shape()[0];
-            with_shape(kv(c), &[r, other_w], &[other_w, 1]);
+            with_width(kv(c), other_w, other_w)
         }),
         m("kv_score width 600", "kv_score", |c| {
-            let r = kv(c).desc.shape()[0];
-            with_shape(kv(c), &[r, 600], &[608, 1]);
+            with_width(kv(c), 600, 608)
         }),
         m("kv_score inner stride 2", "kv_score", |c| {
             inner_stride_2(kv(c))
@@ -358,8 +362,7 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
             with_shape(lat(c), &[r + 1, 512], &[512, 1]);
         }),
         m("latent_out width 1024", "latent_out", |c| {
-            let r = lat(c).desc.shape()[0];
-            with_shape(lat(c), &[r, 1024], &[1024, 1]);
+            with_width(lat(c), 1024, 1024)
         }),
         m("latent_out not contiguous", "latent_out", |c| {
             row_stride(lat(c), 520)
@@ -460,8 +463,7 @@ fn prev_mutations() -> Vec<Mutation> {
             with_dtype(pr(c), DType::BF16)
         }),
         m("prev_rows width 512", "prev_rows", |c| {
-            let r = pr(c).desc.shape()[0];
-            with_shape(pr(c), &[r, 512], &[512, 1]);
+            with_width(pr(c), 512, 512)
         }),
         m("prev_rows inner stride 2", "prev_rows", |c| {
             inner_stride_2(pr(c))
@@ -499,12 +501,10 @@ fn cache_mutations(layout: RecordLayout) -> Vec<Mutation> {
             with_dtype(cos(c), DType::U8)
         }),
         m("cos_sin_cache width 32", "cos_sin_cache", |c| {
-            let r = cos(c).desc.shape()[0];
-            with_shape(cos(c), &[r, 32], &[64, 1]);
+            with_width(cos(c), 32, 64)
         }),
         m("cos_sin_cache width 63", "cos_sin_cache", |c| {
-            let r = cos(c).desc.shape()[0];
-            with_shape(cos(c), &[r, 63], &[64, 1]);
+            with_width(cos(c), 63, 64)
         }),
         m("cos_sin_cache inner stride 2", "cos_sin_cache", |c| {
             inner_stride_2(cos(c))
@@ -660,8 +660,7 @@ fn insert_mutations() -> Vec<Mutation> {
         }),
         m("latent F32", "latent", |c| with_dtype(lat(c), DType::F32)),
         m("latent width 1024", "latent", |c| {
-            let r = lat(c).desc.shape()[0];
-            with_shape(lat(c), &[r, 1024], &[1024, 1]);
+            with_width(lat(c), 1024, 1024)
         }),
         m("latent not contiguous", "latent", |c| {
             row_stride(lat(c), 520)
@@ -700,10 +699,7 @@ fn ring_mutations() -> Vec<Mutation> {
     }
     vec![
         m("rows BF16", "rows", |c| with_dtype(rows(c), DType::BF16)),
-        m("rows width 512", "rows", |c| {
-            let r = rows(c).desc.shape()[0];
-            with_shape(rows(c), &[r, 512], &[512, 1]);
-        }),
+        m("rows width 512", "rows", |c| with_width(rows(c), 512, 512)),
         m("rows inner stride 2", "rows", |c| inner_stride_2(rows(c))),
         m("rows row stride not a multiple of 4", "rows", |c| {
             row_stride(rows(c), 1026)

@@ -76,6 +76,21 @@ const DEMO_TIMED_CALLS: usize = 5;
 /// The FP8 rows' per-tensor scale (the demo's and the soak's).
 pub(crate) const FP8_SCALE: f32 = 0.02;
 
+/// Uploads each I64 index list to `b`, in order.
+pub(crate) fn upload_indices<B: Backend, const K: usize>(
+    b: &B,
+    lists: [&[i64]; K],
+) -> Result<[B::Buffer; K]> {
+    let bufs = lists
+        .iter()
+        .map(|l| b.upload(&i64_bytes(l)))
+        .collect::<Result<Vec<_>>>()?;
+    match bufs.try_into() {
+        Ok(all) => Ok(all),
+        Err(_) => unreachable!("one buffer per list"),
+    }
+}
+
 /// The descriptor of a cache of `blocks` blocks of [`BLOCK`] rows in `layout`.
 pub(crate) fn cache_desc(blocks: usize, layout: RecordLayout) -> TensorDesc {
     match layout {
@@ -307,11 +322,8 @@ fn run_scenario<B: Backend>(b: &B, sc: &Scenario, chunked: bool, inserts: bool) 
             qsl.push(qsl.last().copied().unwrap_or(0) + len as i64);
         }
         let kv_b = b.upload(&f32_bytes(&kv))?;
-        let pos_b = b.upload(&i64_bytes(&pos))?;
-        let slots_b = b.upload(&i64_bytes(&slots))?;
-        let qsl_b = b.upload(&i64_bytes(&qsl))?;
-        let ttr_b = b.upload(&i64_bytes(&ttr))?;
-        let cslots_b = b.upload(&i64_bytes(&cslots))?;
+        let [pos_b, slots_b, qsl_b, ttr_b, cslots_b] =
+            upload_indices(b, [&pos, &slots, &qsl, &ttr, &cslots])?;
         let mut latent = b.upload(&vec![0u8; n * DIM * 2])?;
         let lat_desc = desc(DType::BF16, &[n, DIM]);
         let idx = |len: usize| desc(DType::I64, &[len]);

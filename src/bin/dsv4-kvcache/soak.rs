@@ -16,7 +16,7 @@
 //! same calls on the CPU reference, and memory is sampled.
 
 use crate::args::Opts;
-use crate::demo::{cache_desc, BLOCK, FP8_SCALE, RING_CAPACITY as RING};
+use crate::demo::{cache_desc, upload_indices, BLOCK, FP8_SCALE, RING_CAPACITY as RING};
 use crate::select::{with_backend, Job};
 use crate::timing::Timing;
 use crate::{CliError, CliResult};
@@ -189,11 +189,8 @@ impl<B: Backend> Side<B> {
             qsl.push(qsl[qsl.len() - 1] + len as i64);
         }
         let kv = b.upload(&f32_bytes(&bt.rows))?;
-        let pos_b = b.upload(&i64_bytes(&pos))?;
-        let slots_b = b.upload(&i64_bytes(&slots))?;
-        let qsl_b = b.upload(&i64_bytes(&qsl))?;
-        let ttr_b = b.upload(&i64_bytes(&ttr))?;
-        let cslots_b = b.upload(&i64_bytes(&cslots))?;
+        let [pos_b, slots_b, qsl_b, ttr_b, cslots_b] =
+            upload_indices(b, [&pos, &slots, &qsl, &ttr, &cslots])?;
         let mut latent = b.upload(&vec![0u8; n * DIM * 2])?;
         let idx = |len: usize| d(DType::I64, &[len]);
         let lat_desc = d(DType::BF16, &[n, DIM]);
