@@ -179,12 +179,15 @@ fn lat(c: &mut Case) -> &mut Buf {
 fn ring(c: &mut Case) -> &mut Buf {
     c.state_cache.as_mut().expect("state_cache")
 }
-/// Views the ring as `[blocks, capacity, width]` with rows `row_stride`
-/// apart and blocks `capacity * row_stride + block_extra` apart.
-fn reshape_ring(c: &mut Case, width: usize, row_stride: usize, block_extra: usize) {
-    let (b, cap) = (ring(c).desc.shape()[0], ring(c).desc.shape()[1]);
-    let block_stride = cap * row_stride + block_extra;
-    with_shape(ring(c), &[b, cap, width], &[block_stride, row_stride, 1]);
+/// Views a rank-3 buffer `[blocks, rows, _]` as `[blocks, rows, width]`
+/// with rows `row_stride` apart and blocks `rows * row_stride + block_delta`
+/// apart.
+fn reshape_blocks(b: &mut Buf, width: usize, row_stride: usize, block_delta: isize) {
+    let (blocks, rows) = (b.desc.shape()[0], b.desc.shape()[1]);
+    let block_stride = (rows * row_stride)
+        .checked_add_signed(block_delta)
+        .expect("stride");
+    with_shape(b, &[blocks, rows, width], &[block_stride, row_stride, 1]);
 }
 fn cache(c: &mut Case) -> &mut Buf {
     c.kv_cache.as_mut().expect("kv_cache")
@@ -420,12 +423,12 @@ fn cr2_mutations() -> Vec<Mutation> {
         m(
             "state_cache row stride not a multiple of 16",
             "state_cache",
-            |c| reshape_ring(c, 1024, 1032, 0),
+            |c| reshape_blocks(ring(c), 1024, 1032, 0),
         ),
         m(
             "state_cache block stride not a multiple of 4",
             "state_cache",
-            |c| reshape_ring(c, 1024, 1024, 2),
+            |c| reshape_blocks(ring(c), 1024, 1024, 2),
         ),
         m("state_cache rank 2", "state_cache", |c| {
             with_shape(ring(c), &[4, 1024], &[1024, 1])
@@ -545,36 +548,24 @@ fn cache_mutations(layout: RecordLayout) -> Vec<Mutation> {
         let w = layout.record_bytes();
         v.extend([
             m("paged width 600", "kv_cache", |c| {
-                let d = cache(c).desc;
-                let (b, bs) = (d.shape()[0], d.shape()[1]);
-                with_shape(cache(c), &[b, bs, 600], &[bs * 608, 608, 1]);
+                reshape_blocks(cache(c), 600, 608, 0)
             }),
             m("paged width 512 as U8", "kv_cache", |c| {
-                let d = cache(c).desc;
-                let (b, bs) = (d.shape()[0], d.shape()[1]);
-                with_shape(cache(c), &[b, bs, 512], &[bs * 512, 512, 1]);
+                reshape_blocks(cache(c), 512, 512, 0)
             }),
             m("paged record stride not the width", "kv_cache", move |c| {
-                let d = cache(c).desc;
-                let (b, bs) = (d.shape()[0], d.shape()[1]);
-                with_shape(cache(c), &[b, bs, w], &[bs * (w + 16), w + 16, 1]);
+                reshape_blocks(cache(c), w, w + 16, 0)
             }),
             m("paged inner stride 2", "kv_cache", |c| {
                 inner_stride_2(cache(c))
             }),
             m("paged block stride below a page", "kv_cache", move |c| {
-                let d = cache(c).desc;
-                let (b, bs) = (d.shape()[0], d.shape()[1]);
-                with_shape(cache(c), &[b, bs, w], &[bs * w - 16, w, 1]);
+                reshape_blocks(cache(c), w, w, -16)
             }),
             m(
                 "paged block stride not a multiple of 16",
                 "kv_cache",
-                move |c| {
-                    let d = cache(c).desc;
-                    let (b, bs) = (d.shape()[0], d.shape()[1]);
-                    with_shape(cache(c), &[b, bs, w], &[bs * w + 8, w, 1]);
-                },
+                move |c| reshape_blocks(cache(c), w, w, 8),
             ),
             m("fp8_scale given for a paged cache", "fp8_scale", |c| {
                 c.fp8_scale = Some(f32_scalar(&[1]))
@@ -588,14 +579,10 @@ fn cache_mutations(layout: RecordLayout) -> Vec<Mutation> {
         };
         v.extend([
             m("rows width 1024", "kv_cache", |c| {
-                let d = cache(c).desc;
-                let (b, bs) = (d.shape()[0], d.shape()[1]);
-                with_shape(cache(c), &[b, bs, 1024], &[bs * 1024, 1024, 1]);
+                reshape_blocks(cache(c), 1024, 1024, 0)
             }),
             m("rows width 576", "kv_cache", |c| {
-                let d = cache(c).desc;
-                let (b, bs) = (d.shape()[0], d.shape()[1]);
-                with_shape(cache(c), &[b, bs, 576], &[bs * 576, 576, 1]);
+                reshape_blocks(cache(c), 576, 576, 0)
             }),
             m("rows inner stride 2", "kv_cache", |c| {
                 inner_stride_2(cache(c))
@@ -723,7 +710,7 @@ fn ring_mutations() -> Vec<Mutation> {
         m(
             "state_cache row stride not a multiple of 16",
             "state_cache",
-            |c| reshape_ring(c, 1024, 1030, 2),
+            |c| reshape_blocks(ring(c), 1024, 1030, 2),
         ),
     ]
     .into_iter()
@@ -738,7 +725,7 @@ fn ring_cache_mutations() -> Vec<Mutation> {
             with_dtype(ring(c), DType::BF16)
         }),
         m("state_cache width 512", "state_cache", |c| {
-            reshape_ring(c, 512, 512, 0)
+            reshape_blocks(ring(c), 512, 512, 0)
         }),
         m("state_cache capacity 0", "state_cache", |c| {
             let b = ring(c).desc.shape()[0];
