@@ -270,6 +270,34 @@ fn record_of(cache: &Buf, bytes: &[u8], slot: i64) -> (Vec<u8>, Vec<u8>) {
     (v, s)
 }
 
+/// `n` different slots of `cache`, at random.
+fn distinct_slots(rng: &mut Prng, cache: &CacheSpec, n: usize) -> Vec<i64> {
+    let slots = rng.distinct(cache.capacity(), n);
+    slots.into_iter().map(|s| s as i64).collect()
+}
+
+impl Effects {
+    /// The bytes of `latent_out` the launch writes.
+    fn latent_bytes(&self, latent: &Buf) -> Vec<Range<usize>> {
+        self.latents
+            .iter()
+            .map(|&t| latent_range(latent, t))
+            .collect()
+    }
+
+    /// The bytes of `kv_cache` the launch writes.
+    fn record_bytes(&self, cache: &Buf) -> Vec<Range<usize>> {
+        let slots = self.records.iter().map(|&(_, s)| s);
+        slots.flat_map(|s| record_ranges(cache, s)).collect()
+    }
+
+    /// The bytes of `state_cache` the launch writes.
+    fn ring_bytes(&self, ring: &Buf) -> Vec<Range<usize>> {
+        let rows = self.ring.iter().map(|&(b, r, _)| (b, r));
+        rows.map(|(b, r)| ring_range(ring, b, r)).collect()
+    }
+}
+
 fn latent_range(latent: &Buf, t: usize) -> Range<usize> {
     let o = latent.offset_of(&[t, 0]);
     o..o + 1024
@@ -369,7 +397,7 @@ fn check_canary(c: &Case) {
     let fx = model(c);
     assert_eq!(out.skips, fx.skips, "{}: skip counts", c.name);
     if let (Some(l), Some(after)) = (&c.latent, &out.latent) {
-        let allowed: Vec<_> = fx.latents.iter().map(|&t| latent_range(l, t)).collect();
+        let allowed = fx.latent_bytes(l);
         unchanged_outside("latent_out", &c.name, &l.bytes, after, &allowed);
         for r in allowed {
             assert_ne!(
@@ -381,11 +409,7 @@ fn check_canary(c: &Case) {
         }
     }
     if let (Some(k), Some(after)) = (&c.kv_cache, &out.kv_cache) {
-        let allowed: Vec<_> = fx
-            .records
-            .iter()
-            .flat_map(|&(_, s)| record_ranges(k, s))
-            .collect();
+        let allowed = fx.record_bytes(k);
         unchanged_outside("kv_cache", &c.name, &k.bytes, after, &allowed);
         for &(t, s) in &fx.records {
             let (v0, s0) = record_of(k, &k.bytes, s);
@@ -398,11 +422,7 @@ fn check_canary(c: &Case) {
         }
     }
     if let (Some(ring), Some(after)) = (&c.state_cache, &out.state_cache) {
-        let allowed: Vec<_> = fx
-            .ring
-            .iter()
-            .map(|&(b, r, _)| ring_range(ring, b, r))
-            .collect();
+        let allowed = fx.ring_bytes(ring);
         unchanged_outside("state_cache", &c.name, &ring.bytes, after, &allowed);
         // Each copied row holds the bytes of its last writer.
         for (i, &(b, r, src)) in fx.ring.iter().enumerate() {
@@ -822,11 +842,7 @@ fn wide_insert_case(seed: u64, layout: RecordLayout, cr: u32, cos_bf16: bool) ->
         13.0,
         2f32.powi(-8),
     ]);
-    let slots: Vec<i64> = rng
-        .distinct(cache.capacity(), n)
-        .into_iter()
-        .map(|s| s as i64)
-        .collect();
+    let slots = distinct_slots(&mut rng, &cache, n);
     let spec = InsertSpec {
         cr,
         latent,
@@ -1504,11 +1520,7 @@ fn zero_rich_case(seed: u64) -> Case {
         })
         .collect();
     let cache = CacheSpec::random(&mut rng, RecordLayout::Bf16Rows, n);
-    let slots: Vec<i64> = rng
-        .distinct(cache.capacity(), n)
-        .into_iter()
-        .map(|s| s as i64)
-        .collect();
+    let slots = distinct_slots(&mut rng, &cache, n);
     let spec = InsertSpec {
         cr: 1,
         latent,
