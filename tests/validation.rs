@@ -212,26 +212,16 @@ fn expect_err(c: &Case, what: &str, arg: &str) {
             c.name
         ),
     }
-    if let Some(l) = &out.latent {
-        assert!(
-            *l == c.latent.as_ref().expect("latent").bytes,
-            "{} / {what}: latent_out written",
-            c.name
-        );
-    }
-    if let Some(s) = &out.state_cache {
-        assert!(
-            *s == c.state_cache.as_ref().expect("ring").bytes,
-            "{} / {what}: state_cache written",
-            c.name
-        );
-    }
-    if let Some(k) = &out.kv_cache {
-        assert!(
-            *k == c.kv_cache.as_ref().expect("cache").bytes,
-            "{} / {what}: kv_cache written",
-            c.name
-        );
+    let outputs = [
+        ("latent_out", &out.latent, &c.latent),
+        ("state_cache", &out.state_cache, &c.state_cache),
+        ("kv_cache", &out.kv_cache, &c.kv_cache),
+    ];
+    for (name, after, before) in outputs {
+        if let Some(after) = after {
+            let before = &before.as_ref().expect(name).bytes;
+            assert!(after == before, "{} / {what}: {name} written", c.name);
+        }
     }
     assert_eq!(
         out.skips,
