@@ -29,6 +29,11 @@ enum Want {
     Skip(SkipCounts),
 }
 
+/// `Want::Record` of each `(block, row)`, in order.
+fn records(at: &[(usize, usize)]) -> Vec<Want> {
+    at.iter().map(|&(b, r)| Want::Record(b, r)).collect()
+}
+
 fn skip(slot: u64, pos: u64, idx: u64) -> Want {
     Want::Skip(SkipCounts {
         slot_out_of_range: slot,
@@ -357,17 +362,9 @@ fn block_table_rows_by_hand() {
         ..on_random_cache("by hand", RecordLayout::Mxfp8, 7, 4, 4)
     };
     let (rows, once) = model(&case);
-    assert_eq!(
-        rows,
-        vec![
-            Want::Record(3, 1),
-            Want::Record(3, 2),
-            Want::Record(3, 3),
-            skip(1, 0, 0),
-            skip(1, 0, 0),
-            skip(0, 1, 0),
-        ]
-    );
+    let mut want = records(&[(3, 1), (3, 2), (3, 3)]);
+    want.extend([skip(1, 0, 0), skip(1, 0, 0), skip(0, 1, 0)]);
+    assert_eq!(rows, want);
     assert_eq!(once.index_out_of_range, 1);
     let got = case.run(&CpuBackend::new()).unwrap();
     check(&case, &got);
@@ -395,18 +392,9 @@ fn decreasing_cu_seq_lens_follows_the_search() {
     // them (block table[0][o / 4]). Row 5: request 2 (cu[2] = 2 <= 5), its
     // fourth token. Request 1 owns nothing; row 6 is past the total.
     let (rows, once) = model(&case);
-    assert_eq!(
-        rows,
-        vec![
-            Want::Record(0, 0),
-            Want::Record(0, 1),
-            Want::Record(0, 2),
-            Want::Record(0, 3),
-            Want::Record(1, 0),
-            Want::Record(0, 3),
-            Want::Untouched,
-        ]
-    );
+    let mut want = records(&[(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (0, 3)]);
+    want.push(Want::Untouched);
+    assert_eq!(rows, want);
     assert_eq!(once, SkipCounts::default());
     check(&case, &case.run(&CpuBackend::new()).unwrap());
     // A first entry above the row: the rows before it are nobody's.
