@@ -102,6 +102,24 @@ pub enum Form {
     },
 }
 
+impl Form {
+    /// The view of the block table (the table form only).
+    fn block_table_desc(&self) -> TensorDesc {
+        let Form::Table {
+            rows,
+            cols,
+            row_stride,
+            i64,
+            ..
+        } = self
+        else {
+            panic!("the slot form has no block table");
+        };
+        let dtype = if *i64 { DType::I64 } else { DType::I32 };
+        TensorDesc::strided(dtype, &[*rows, *cols], &[*row_stride, 1]).expect("rank 2")
+    }
+}
+
 /// One gather.
 #[derive(Debug, Clone)]
 pub struct Case {
@@ -247,23 +265,9 @@ impl Case {
                 slot_mapping: Tensor::new(&index[0], index_desc(slots.len(), *i64)),
             },
             Form::Table {
-                rows,
-                cols,
-                row_stride,
-                cu,
-                starts,
-                i64,
-                ..
+                cu, starts, i64, ..
             } => GatherIndex::BlockTable {
-                block_table: Tensor::new(
-                    &index[0],
-                    TensorDesc::strided(
-                        if *i64 { DType::I64 } else { DType::I32 },
-                        &[*rows, *cols],
-                        &[*row_stride, 1],
-                    )
-                    .expect("rank 2"),
-                ),
+                block_table: Tensor::new(&index[0], self.form.block_table_desc()),
                 cu_seq_lens: Tensor::new(&index[1], index_desc(cu.len(), *i64)),
                 seq_starts: starts
                     .as_ref()
