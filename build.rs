@@ -18,6 +18,10 @@ use std::process::{Command, Output};
 
 #[path = "build/abi.rs"]
 mod abi;
+#[path = "build/hip_flags.rs"]
+mod hip_flags;
+
+use hip_flags::{HIP_FLAGS, HIP_FREESTANDING};
 
 const DEFAULT_CUDA_ARCHS: &str = "sm_90,sm_100";
 const DEFAULT_HIP_ARCHS: &str = "gfx942,gfx950";
@@ -32,22 +36,6 @@ const NVCC_FLAGS: &[&str] = &[
     "-ftz=false",
     "-Xptxas",
     "-v",
-];
-
-/// Flags shared by every HIP device compile (hipcc and plain clang).
-const HIP_FLAGS: &[&str] = &[
-    "-x",
-    "hip",
-    "--cuda-device-only",
-    "--no-gpu-bundle-output",
-    // clang 22 defaults to v6, which only recent ROCm runtimes load; v5 loads on ROCm 6 and 7.
-    "-mcode-object-version=5",
-    "-O3",
-    "-std=c++17",
-    "-ffp-contract=off",
-    "-fno-gpu-flush-denormals-to-zero",
-    "-fhip-fp32-correctly-rounded-divide-sqrt",
-    "-fno-fast-math",
 ];
 
 const WATCHED_ENV: &[&str] = &[
@@ -106,6 +94,7 @@ fn main() {
     }
 
     println!("cargo:rerun-if-changed=build/abi.rs");
+    println!("cargo:rerun-if-changed=build/hip_flags.rs");
 
     let ctx = Ctx {
         require: env::var("DSV4_KVCACHE_REQUIRE_KERNELS").is_ok_and(|v| v.trim() == "1"),
@@ -473,7 +462,7 @@ fn build_hip(ctx: &Ctx) -> Result<HipBuild, String> {
         let mut cmd = command(&cc);
         cmd.args(HIP_FLAGS).arg(format!("--offload-arch={t}"));
         match kind {
-            HipKind::Clang => cmd.args(["-nogpulib", "-nogpuinc", "-DKV_FREESTANDING=1"]),
+            HipKind::Clang => cmd.args(HIP_FREESTANDING),
             HipKind::Hipcc => cmd.arg("-DKV_HAVE_HIP_RUNTIME=1"),
         };
         // -iquote rather than -I: see build_cuda.

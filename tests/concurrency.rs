@@ -275,50 +275,51 @@ fn check_streams<D: Driver>(pair: [&GpuBackend<D>; 2], what: &str) {
     );
 }
 
-#[cfg(feature = "cuda")]
-#[test]
-fn cuda_shared_across_threads_matches_sequential() {
-    use dsv4_kvcache::CudaBackend;
-    let open = |on: bool| -> Result<Arc<CudaBackend>> {
-        let mut b = CudaBackend::new(0)?;
+/// Opens the device twice through `new` (sanitizing off, then on) and runs
+/// both checks on the pair; a device that does not open skips or fails as
+/// `gpu_required` says.
+fn shared_across_threads<D: Driver>(
+    test: &str,
+    what: &str,
+    new: fn(usize) -> Result<GpuBackend<D>>,
+    library_present: fn() -> bool,
+) {
+    let open = |on: bool| -> Result<Arc<GpuBackend<D>>> {
+        let mut b = new(0)?;
         b.set_sanitize(on);
         Ok(Arc::new(b))
     };
     match open(false).and_then(|off| Ok((off, open(true)?))) {
         Ok((off, on)) => {
             let pair = [&*off, &*on];
-            check_against_cpu(pair, "cuda");
-            check_streams(pair, "cuda");
+            check_against_cpu(pair, what);
+            check_streams(pair, what);
         }
-        Err(e) => gpu_required::skip_or_fail(
-            "cuda_shared_across_threads_matches_sequential",
-            "cuda",
-            dsv4_kvcache::backend::cuda::CudaDriver::library_present(),
-            &e,
-        ),
+        Err(e) => gpu_required::skip_or_fail(test, what, library_present(), &e),
     }
 }
 
-#[cfg(feature = "hip")]
-#[test]
-fn hip_shared_across_threads_matches_sequential() {
-    use dsv4_kvcache::HipBackend;
-    let open = |on: bool| -> Result<Arc<HipBackend>> {
-        let mut b = HipBackend::new(0)?;
-        b.set_sanitize(on);
-        Ok(Arc::new(b))
-    };
-    match open(false).and_then(|off| Ok((off, open(true)?))) {
-        Ok((off, on)) => {
-            let pair = [&*off, &*on];
-            check_against_cpu(pair, "hip");
-            check_streams(pair, "hip");
+/// A test of [`shared_across_threads`] on one GPU backend, built with its feature.
+macro_rules! shared_across_threads_test {
+    ($test:ident, $feature:literal, $backend:ty, $driver:ty) => {
+        #[cfg(feature = $feature)]
+        #[test]
+        fn $test() {
+            let (new, present) = (<$backend>::new, <$driver>::library_present);
+            shared_across_threads(stringify!($test), $feature, new, present);
         }
-        Err(e) => gpu_required::skip_or_fail(
-            "hip_shared_across_threads_matches_sequential",
-            "hip",
-            dsv4_kvcache::backend::hip::HipDriver::library_present(),
-            &e,
-        ),
-    }
+    };
 }
+
+shared_across_threads_test!(
+    cuda_shared_across_threads_matches_sequential,
+    "cuda",
+    dsv4_kvcache::CudaBackend,
+    dsv4_kvcache::backend::cuda::CudaDriver
+);
+shared_across_threads_test!(
+    hip_shared_across_threads_matches_sequential,
+    "hip",
+    dsv4_kvcache::HipBackend,
+    dsv4_kvcache::backend::hip::HipDriver
+);

@@ -5,13 +5,15 @@
 //! are counted; bad arguments are rejected naming the argument, before
 //! anything is written.
 
+mod common;
 mod gather_cases;
 
+use common::error_arg;
 use dsv4_kvcache::formats::{bf16_from_f32, f32_canonical};
 use dsv4_kvcache::layout::{decode_record, DIM};
 use dsv4_kvcache::ops::SkipCounts;
 use dsv4_kvcache::{
-    Backend, CpuBackend, DType, Error, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc,
+    Backend, CpuBackend, DType, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc,
     TensorMut,
 };
 use gather_cases::{
@@ -25,6 +27,11 @@ enum Want {
     Record(usize, usize),
     Untouched,
     Skip(SkipCounts),
+}
+
+/// `Want::Record` of each `(block, row)`, in order.
+fn records(at: &[(usize, usize)]) -> Vec<Want> {
+    at.iter().map(|&(b, r)| Want::Record(b, r)).collect()
 }
 
 fn skip(slot: u64, pos: u64, idx: u64) -> Want {
@@ -290,52 +297,74 @@ fn special_codes_have_the_documented_values() {
     assert_eq!(fl(96), 0x7f80_0000);
 }
 
+/// A case over a random `blocks` x `block_size` cache in `layout` (the
+/// generator seeded with `seed`, no FP8 scale), its index and output left for
+/// the caller to set.
+fn on_random_cache(
+    label: &str,
+    layout: RecordLayout,
+    seed: u64,
+    blocks: usize,
+    block_size: usize,
+) -> Case {
+    let desc = cache_desc(layout, blocks, block_size, 0, false);
+    let cache = fill_cache(&mut Rng::new(seed), layout, &desc, Fill::Random);
+    Case {
+        label: label.into(),
+        layout,
+        blocks,
+        block_size,
+        cache_desc: desc,
+        cache,
+        fp8_scale: None,
+        form: Form::Slots {
+            slots: Vec::new(),
+            i64: true,
+        },
+        out_f32: false,
+        out_rows: 0,
+        out_row_stride: DIM,
+        out_offset: 0,
+    }
+}
+
+/// A block table of 3 requests x 2 columns (rows 2 apart), its
+/// `cu_seq_lens`, `seq_starts` and index type.
+fn table_3x2(table: [i64; 6], cu: Vec<i64>, starts: Option<Vec<i64>>, i64: bool) -> Form {
+    Form::Table {
+        table: table.to_vec(),
+        rows: 3,
+        cols: 2,
+        row_stride: 2,
+        cu,
+        starts,
+        i64,
+    }
+}
+
 /// A block table by hand: positions through `seq_starts`, a request past
 /// its table, a bad block, an empty request, a total beyond `out`.
 #[test]
 fn block_table_rows_by_hand() {
-    let layout = RecordLayout::Mxfp8;
-    let mut rng = Rng::new(7);
-    let desc = cache_desc(layout, 4, 4, 0, false);
-    let cache = fill_cache(&mut rng, layout, &desc, Fill::Random);
     let case = Case {
-        label: "by hand".into(),
-        layout,
-        blocks: 4,
-        block_size: 4,
-        cache_desc: desc,
-        cache,
-        fp8_scale: None,
         // Request 0: rows 0..3 from position 5 (block table[0][1] = 3, rows
         // 1, 2, 3). Request 1: empty. Request 2: rows 3..6 from position 6:
         // positions 6, 7 in table[2][1] = 9 (bad block), position 8 past
         // the two columns. The total 7 is beyond out's 6 rows.
-        form: Form::Table {
-            table: vec![0, 3, 1, 1, 2, 9],
-            rows: 3,
-            cols: 2,
-            row_stride: 2,
-            cu: vec![0, 3, 3, 7],
-            starts: Some(vec![5, 0, 6]),
-            i64: false,
-        },
+        form: table_3x2(
+            [0, 3, 1, 1, 2, 9],
+            vec![0, 3, 3, 7],
+            Some(vec![5, 0, 6]),
+            false,
+        ),
         out_f32: false,
         out_rows: 6,
-        out_row_stride: DIM,
-        out_offset: 0,
+        ..on_random_cache("by hand", RecordLayout::Mxfp8, 7, 4, 4)
     };
     let (rows, once) = model(&case);
-    assert_eq!(
-        rows,
-        vec![
-            Want::Record(3, 1),
-            Want::Record(3, 2),
-            Want::Record(3, 3),
-            skip(1, 0, 0),
-            skip(1, 0, 0),
-            skip(0, 1, 0),
-        ]
-    );
+    let mut want = records(&[(3, 1), (3, 2), (3, 3)]);
+    want.extend([skip(1, 0, 0), skip(1, 0, 0), skip(0, 1, 0)]);
+    assert_eq!(rows, want);
     assert_eq!(once.index_out_of_range, 1);
     let got = case.run(&CpuBackend::new()).unwrap();
     check(&case, &got);
@@ -353,60 +382,23 @@ fn block_table_rows_by_hand() {
 /// belongs to; every row from `cu[0]` up to `cu[R]` still belongs to one.
 #[test]
 fn decreasing_cu_seq_lens_follows_the_search() {
-    let layout = RecordLayout::Bf16Rows;
-    let mut rng = Rng::new(8);
-    let desc = cache_desc(layout, 2, 4, 0, false);
-    let cache = fill_cache(&mut rng, layout, &desc, Fill::Random);
     let mut case = Case {
-        label: "decreasing".into(),
-        layout,
-        blocks: 2,
-        block_size: 4,
-        cache_desc: desc,
-        cache,
-        fp8_scale: None,
-        form: Form::Table {
-            table: vec![0, 1, 1, 0, 0, 1],
-            rows: 3,
-            cols: 2,
-            row_stride: 2,
-            cu: vec![0, 5, 2, 6],
-            starts: None,
-            i64: true,
-        },
+        form: table_3x2([0, 1, 1, 0, 0, 1], vec![0, 5, 2, 6], None, true),
         out_f32: true,
         out_rows: 7,
-        out_row_stride: DIM,
-        out_offset: 0,
+        ..on_random_cache("decreasing", RecordLayout::Bf16Rows, 8, 2, 4)
     };
     // Rows 0..5: the search stops at request 0 (cu[1] = 5 > o), which owns
     // them (block table[0][o / 4]). Row 5: request 2 (cu[2] = 2 <= 5), its
     // fourth token. Request 1 owns nothing; row 6 is past the total.
     let (rows, once) = model(&case);
-    assert_eq!(
-        rows,
-        vec![
-            Want::Record(0, 0),
-            Want::Record(0, 1),
-            Want::Record(0, 2),
-            Want::Record(0, 3),
-            Want::Record(1, 0),
-            Want::Record(0, 3),
-            Want::Untouched,
-        ]
-    );
+    let mut want = records(&[(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (0, 3)]);
+    want.push(Want::Untouched);
+    assert_eq!(rows, want);
     assert_eq!(once, SkipCounts::default());
     check(&case, &case.run(&CpuBackend::new()).unwrap());
     // A first entry above the row: the rows before it are nobody's.
-    case.form = Form::Table {
-        table: vec![0, 1, 1, 0, 0, 1],
-        rows: 3,
-        cols: 2,
-        row_stride: 2,
-        cu: vec![10, 0, 5, 3],
-        starts: None,
-        i64: false,
-    };
+    case.form = table_3x2([0, 1, 1, 0, 0, 1], vec![10, 0, 5, 3], None, false);
     let (rows, _) = model(&case);
     // Rows 0..5 land on request 1 (cu[1] = 0 <= o, cu[2] = 5 > o), whose
     // table row is [1, 0]; rows 5 and 6 on request 2, which owns nothing.
@@ -420,18 +412,7 @@ fn decreasing_cu_seq_lens_follows_the_search() {
 /// The slot form's counts and untouched rows on a wild slot list.
 #[test]
 fn out_of_range_slots_write_nothing_and_are_counted() {
-    let layout = RecordLayout::Nvfp4;
-    let mut rng = Rng::new(9);
-    let desc = cache_desc(layout, 2, 2, 0, false);
-    let cache = fill_cache(&mut rng, layout, &desc, Fill::Random);
     let case = Case {
-        label: "wild slots".into(),
-        layout,
-        blocks: 2,
-        block_size: 2,
-        cache_desc: desc,
-        cache,
-        fp8_scale: None,
         form: Form::Slots {
             slots: vec![3, -1, 4, i64::MAX, 0, i64::MIN, 2],
             i64: true,
@@ -440,6 +421,7 @@ fn out_of_range_slots_write_nothing_and_are_counted() {
         out_rows: 8,
         out_row_stride: DIM + 16,
         out_offset: 48,
+        ..on_random_cache("wild slots", RecordLayout::Nvfp4, 9, 2, 2)
     };
     let got = case.run(&CpuBackend::new()).unwrap();
     check(&case, &got);
@@ -539,17 +521,6 @@ fn table_index(p: &Parts, table: TensorDesc, cu: TensorDesc) -> GatherIndex<'_, 
         block_table: Tensor::new(&p.table, table),
         cu_seq_lens: Tensor::new(&p.cu, cu),
         seq_starts: None,
-    }
-}
-
-fn arg_of(e: &Error) -> &'static str {
-    match e {
-        Error::DType { arg, .. }
-        | Error::Shape { arg, .. }
-        | Error::OutOfBounds { arg, .. }
-        | Error::Value { arg, .. }
-        | Error::Missing { arg, .. } => arg,
-        other => panic!("unexpected error {other}"),
     }
 }
 
@@ -670,7 +641,7 @@ fn validation_errors_name_the_argument() {
         let mut a = base(&p, &mut out);
         edit(&mut a, &p);
         let e = cpu.gather_dequant(a).expect_err("must be rejected");
-        assert_eq!(arg_of(&e), arg, "case {i}: {e}");
+        assert_eq!(error_arg(&e), arg, "case {i}: {e}");
         assert!(
             out.iter().all(|&b| b == 0x5a),
             "case {i}: nothing is written"

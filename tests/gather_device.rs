@@ -25,38 +25,22 @@ mod gather_cases;
 #[path = "gpu_required/mod.rs"]
 #[macro_use]
 mod gpu_required;
+#[path = "gpu_pair/mod.rs"]
+#[macro_use]
+mod gpu_pair;
 
 use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
-use dsv4_kvcache::gather::gather_split_max_rows;
 use dsv4_kvcache::{Backend, CpuBackend, LaunchPolicy, RecordLayout};
-use gather_cases::{every_code_case, every_code_scales, random_case, Case};
+use gather_cases::{layout_sweep, Case};
 
 /// Every case the device runs.
 fn cases() -> Vec<Case> {
-    let mut out = Vec::new();
     let mut seed = 0u64;
-    for layout in RecordLayout::ALL {
-        for table in [false, true] {
-            for wild in [false, true] {
-                let split = gather_split_max_rows(layout);
-                let mut sizes = vec![1usize, 16, 64, 128, split, split + 1, 1024, 9001];
-                sizes.sort_unstable();
-                sizes.dedup();
-                for n in sizes {
-                    seed += 1;
-                    out.push(random_case(seed << 20 | n as u64, layout, table, n, wild));
-                }
-            }
-        }
-        for out_f32 in [false, true] {
-            for &s in every_code_scales(layout) {
-                for i64 in [false, true] {
-                    out.push(every_code_case(layout, out_f32, s, i64));
-                }
-            }
-        }
-    }
-    out
+    let sizes = [1, 16, 64, 128, 1024, 9001];
+    RecordLayout::ALL
+        .into_iter()
+        .flat_map(|layout| layout_sweep(layout, &sizes, 20, &mut seed))
+        .collect()
 }
 
 /// The labels of the cases where `dev` differs from the reference (whole
@@ -213,15 +197,12 @@ fn graph_and_raw_match_eager<D: Driver>(dev: &GpuBackend<D>, all: &[Case]) {
     );
 }
 
-#[test]
-fn cuda_matches_reference() {
-    on_gpu!(cuda, "gather cuda_matches_reference", |b| check_gpu(b));
-}
-
-#[test]
-fn hip_matches_reference() {
-    on_gpu!(hip, "gather hip_matches_reference", |b| check_gpu(b));
-}
+gpu_tests!(
+    cuda_matches_reference,
+    hip_matches_reference,
+    prefix = "gather ",
+    |b| check_gpu(b)
+);
 
 /// The comparison itself can fail: a one-thread CPU backend agrees with the
 /// reference, and a case whose cache was corrupted does not.

@@ -15,13 +15,12 @@ mod gather_cases;
 mod host_kernels;
 
 use dsv4_kvcache::gather::{
-    gather_launch, gather_launch_kernel, gather_params, gather_split_max_rows, plan_gather,
-    GatherPtrs,
+    gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherPtrs,
 };
 use dsv4_kvcache::ops::SkipCounts;
 use dsv4_kvcache::{CpuBackend, DType, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc};
 use dsv4_kvcache::{LaunchPolicy, TensorMut};
-use gather_cases::{every_code_case, every_code_scales, random_case, Case, Form};
+use gather_cases::{layout_sweep, random_case, Case, Form};
 use std::path::PathBuf;
 
 fn index_bytes(v: &[i64], i64: bool) -> Vec<u8> {
@@ -139,26 +138,13 @@ fn host_built_kernels_match_the_reference() {
     let mut cases = Vec::new();
     let mut seed = 0u64;
     for layout in RecordLayout::ALL {
-        for table in [false, true] {
-            for wild in [false, true] {
-                // Both sides of the split's end, the layout's own.
-                let split = gather_split_max_rows(layout);
-                let mut sizes = vec![1usize, 7, 64, 65, 130, split, split + 1, 1500];
-                sizes.sort_unstable();
-                sizes.dedup();
-                for n in sizes {
-                    seed += 1;
-                    cases.push(random_case(seed << 24 | n as u64, layout, table, n, wild));
-                }
-            }
-        }
-        for out_f32 in [false, true] {
-            for &s in every_code_scales(layout) {
-                for i64 in [false, true] {
-                    cases.push(every_code_case(layout, out_f32, s, i64));
-                }
-            }
-        }
+        // Both sides of the split's end, the layout's own, are in the sweep.
+        cases.extend(layout_sweep(
+            layout,
+            &[1, 7, 64, 65, 130, 1500],
+            24,
+            &mut seed,
+        ));
         seed += 1;
         cases.push(random_case(seed, layout, false, 9001, true));
     }

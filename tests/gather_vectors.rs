@@ -13,6 +13,9 @@ use std::path::PathBuf;
 #[path = "gpu_required/mod.rs"]
 #[macro_use]
 mod gpu_required;
+#[path = "gpu_pair/mod.rs"]
+#[macro_use]
+mod gpu_pair;
 
 fn files() -> Vec<PathBuf> {
     gpu_required::vector_files("gather_")
@@ -41,15 +44,12 @@ fn cpu_replays_the_reader_vectors() {
     replay_all(&mut CpuBackend::new());
 }
 
-#[test]
-fn cuda_replays_the_reader_vectors() {
-    on_gpu!(cuda, "gather vectors", |b| replay_all(b));
-}
-
-#[test]
-fn hip_replays_the_reader_vectors() {
-    on_gpu!(hip, "gather vectors", |b| replay_all(b));
-}
+gpu_tests!(
+    cuda_replays_the_reader_vectors,
+    hip_replays_the_reader_vectors,
+    label = "gather vectors",
+    |b| replay_all(b)
+);
 
 /// The files hold what they claim: the outputs differ from the inputs'
 /// canaries, some rows keep them, and a flipped expected byte is reported

@@ -38,6 +38,17 @@ const FFI: &str = "src/backend/hip/ffi.rs";
 const SHIM: &str = "hip-on-cuda/src/lib.rs";
 const SHIM_PROPS: &str = "hip-on-cuda/src/props.rs";
 
+/// The Rust array literal after `marker` in `src` (file `file`), up to its `];`.
+fn table_after<'a>(src: &'a str, marker: &str, file: &str) -> &'a str {
+    let table = src
+        .split(marker)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no `{marker}` table in {file}"));
+    &table[..table
+        .find("];")
+        .unwrap_or_else(|| panic!("end of `{marker}` in {file}"))]
+}
+
 fn read(rel: &str) -> String {
     std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
@@ -824,11 +835,7 @@ fn test_runtime_exports_every_entry_point() {
     // The error codes it returns, under HIP's names.
     let shim_consts = consts(&shim_src);
     let mut named = 0;
-    let table = shim_src
-        .split("const ERRORS")
-        .nth(1)
-        .expect("ERRORS table in the test runtime");
-    let table = &table[..table.find("];").expect("end of ERRORS")];
+    let table = table_after(&shim_src, "const ERRORS", SHIM);
     let mut from = 0;
     while let Some(i) = table[from..].find("c\"hip") {
         let at = from + i;
@@ -859,11 +866,7 @@ fn test_runtime_exports_every_entry_point() {
         Some(size as i64),
         "R0600_SIZE in {SHIM_PROPS}"
     );
-    let table = props
-        .split("R0600_FIELDS: ")
-        .nth(1)
-        .expect("R0600_FIELDS table");
-    let table = &table[..table.find("];").expect("end of table")];
+    let table = table_after(&props, "R0600_FIELDS: ", SHIM_PROPS);
     let mut fields = 0;
     for entry in table.split("(\"").skip(1) {
         let (field, rest) = entry.split_once('"').expect("field name");

@@ -270,6 +270,34 @@ fn record_of(cache: &Buf, bytes: &[u8], slot: i64) -> (Vec<u8>, Vec<u8>) {
     (v, s)
 }
 
+/// `n` different slots of `cache`, at random.
+fn distinct_slots(rng: &mut Prng, cache: &CacheSpec, n: usize) -> Vec<i64> {
+    let slots = rng.distinct(cache.capacity(), n);
+    slots.into_iter().map(|s| s as i64).collect()
+}
+
+impl Effects {
+    /// The bytes of `latent_out` the launch writes.
+    fn latent_bytes(&self, latent: &Buf) -> Vec<Range<usize>> {
+        self.latents
+            .iter()
+            .map(|&t| latent_range(latent, t))
+            .collect()
+    }
+
+    /// The bytes of `kv_cache` the launch writes.
+    fn record_bytes(&self, cache: &Buf) -> Vec<Range<usize>> {
+        let slots = self.records.iter().map(|&(_, s)| s);
+        slots.flat_map(|s| record_ranges(cache, s)).collect()
+    }
+
+    /// The bytes of `state_cache` the launch writes.
+    fn ring_bytes(&self, ring: &Buf) -> Vec<Range<usize>> {
+        let rows = self.ring.iter().map(|&(b, r, _)| (b, r));
+        rows.map(|(b, r)| ring_range(ring, b, r)).collect()
+    }
+}
+
 fn latent_range(latent: &Buf, t: usize) -> Range<usize> {
     let o = latent.offset_of(&[t, 0]);
     o..o + 1024
@@ -369,7 +397,7 @@ fn check_canary(c: &Case) {
     let fx = model(c);
     assert_eq!(out.skips, fx.skips, "{}: skip counts", c.name);
     if let (Some(l), Some(after)) = (&c.latent, &out.latent) {
-        let allowed: Vec<_> = fx.latents.iter().map(|&t| latent_range(l, t)).collect();
+        let allowed = fx.latent_bytes(l);
         unchanged_outside("latent_out", &c.name, &l.bytes, after, &allowed);
         for r in allowed {
             assert_ne!(
@@ -381,11 +409,7 @@ fn check_canary(c: &Case) {
         }
     }
     if let (Some(k), Some(after)) = (&c.kv_cache, &out.kv_cache) {
-        let allowed: Vec<_> = fx
-            .records
-            .iter()
-            .flat_map(|&(_, s)| record_ranges(k, s))
-            .collect();
+        let allowed = fx.record_bytes(k);
         unchanged_outside("kv_cache", &c.name, &k.bytes, after, &allowed);
         for &(t, s) in &fx.records {
             let (v0, s0) = record_of(k, &k.bytes, s);
@@ -398,11 +422,7 @@ fn check_canary(c: &Case) {
         }
     }
     if let (Some(ring), Some(after)) = (&c.state_cache, &out.state_cache) {
-        let allowed: Vec<_> = fx
-            .ring
-            .iter()
-            .map(|&(b, r, _)| ring_range(ring, b, r))
-            .collect();
+        let allowed = fx.ring_bytes(ring);
         unchanged_outside("state_cache", &c.name, &ring.bytes, after, &allowed);
         // Each copied row holds the bytes of its last writer.
         for (i, &(b, r, src)) in fx.ring.iter().enumerate() {
@@ -823,11 +843,7 @@ fn wide_insert_case(seed: u64, layout: RecordLayout, cr: u32, cos_dtype: DType) 
         13.0,
         2f32.powi(-8),
     ]);
-    let slots: Vec<i64> = rng
-        .distinct(cache.capacity(), n)
-        .into_iter()
-        .map(|s| s as i64)
-        .collect();
+    let slots = distinct_slots(&mut rng, &cache, n);
     let spec = InsertSpec {
         cr,
         latent,
@@ -1148,6 +1164,39 @@ fn is_bf16_inf(h: u16) -> bool {
     (h & 0x7fff) == 0x7f80
 }
 
+/// [`check_fp8_block_specials`] on every `width`-element block of `src`
+/// and `bytes`, block `b` with scale byte `scales[b]`.
+fn check_fp8_blocks(
+    name: &str,
+    src: &[f32],
+    bytes: &[u8],
+    scales: &[u8],
+    width: usize,
+    nan_to_zero: bool,
+    sanitize: bool,
+) {
+    assert_eq!(src.len(), bytes.len(), "{name}: elements and codes");
+    assert!(
+        scales.len() >= src.len().div_ceil(width),
+        "{name}: scale count"
+    );
+    let blocks = src.chunks(width).zip(bytes.chunks(width));
+    for ((src, bytes), &scale) in blocks.zip(scales) {
+        check_fp8_block_specials(name, src, bytes, scale, nan_to_zero, sanitize);
+    }
+}
+
+/// No e4m3 NaN byte among `codes`; under sanitizing no UE8M0 255 scale.
+fn assert_no_fp8_nan(name: &str, codes: &[u8], scales: &[u8], sanitize: bool) {
+    assert!(
+        !codes.iter().any(|b| NAN_E4M3.contains(b)),
+        "{name}: e4m3 NaN byte"
+    );
+    if sanitize {
+        assert!(!scales.contains(&255), "{name}: UE8M0 255 under sanitizing");
+    }
+}
+
 /// Expected bytes of an FP8 block (`src` = the quantized vector) for its
 /// special elements, per `semantics.md`: with an infinity in the block the
 /// scale byte is 255 (254 sanitized), infinite and NaN elements give `0x7E`
@@ -1227,17 +1276,8 @@ fn check_specials(c: &Case) {
         let moderate = x.iter().all(|v| v.abs() <= 2f32.powi(126));
         match layout {
             RecordLayout::V4 => {
-                for b in 0..7 {
-                    // NoPE: quantized from the unrotated latent, never sanitized.
-                    check_fp8_block_specials(
-                        &name,
-                        &x[64 * b..64 * b + 64],
-                        &v[64 * b..64 * b + 64],
-                        s[b],
-                        false,
-                        san,
-                    );
-                }
+                // NoPE: quantized from the unrotated latent, never sanitized.
+                check_fp8_blocks(&name, &x[..448], &v[..448], &s, 64, false, san);
                 assert_eq!(s[7], 0);
                 for i in 448..512 {
                     let h = u16::from_le_bytes([v[448 + 2 * (i - 448)], v[449 + 2 * (i - 448)]]);
@@ -1250,32 +1290,11 @@ fn check_specials(c: &Case) {
                         assert!(!is_bf16_inf(h), "{name}: infinity from a finite latent");
                     }
                 }
-                assert!(
-                    !v[..448].iter().any(|b| NAN_E4M3.contains(b)),
-                    "{name}: e4m3 NaN byte"
-                );
-                if san {
-                    assert!(!s.contains(&255), "{name}: UE8M0 255 under sanitizing");
-                }
+                assert_no_fp8_nan(&name, &v[..448], &s, san);
             }
             RecordLayout::Mxfp8 => {
-                for b in 0..16 {
-                    check_fp8_block_specials(
-                        &name,
-                        &rs[32 * b..32 * b + 32],
-                        &v[32 * b..32 * b + 32],
-                        s[b],
-                        san,
-                        san,
-                    );
-                }
-                assert!(
-                    !v.iter().any(|b| NAN_E4M3.contains(b)),
-                    "{name}: e4m3 NaN byte"
-                );
-                if san {
-                    assert!(!s.contains(&255), "{name}: UE8M0 255 under sanitizing");
-                }
+                check_fp8_blocks(&name, &rs, &v, &s, 32, san, san);
+                assert_no_fp8_nan(&name, &v, &s, san);
             }
             RecordLayout::Nvfp4 => {
                 assert!(
@@ -1502,11 +1521,7 @@ fn zero_rich_case(seed: u64) -> Case {
         })
         .collect();
     let cache = CacheSpec::random(&mut rng, RecordLayout::Bf16Rows, n);
-    let slots: Vec<i64> = rng
-        .distinct(cache.capacity(), n)
-        .into_iter()
-        .map(|s| s as i64)
-        .collect();
+    let slots = distinct_slots(&mut rng, &cache, n);
     let spec = InsertSpec {
         cr: 1,
         latent,

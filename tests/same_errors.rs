@@ -13,6 +13,9 @@ mod gather_cases;
 #[path = "gpu_required/mod.rs"]
 #[macro_use]
 mod gpu_required;
+#[path = "gpu_pair/mod.rs"]
+#[macro_use]
+mod gpu_pair;
 
 use common::{all_kinds, random_case, run_case, run_case_mut, Buf, Case, Outputs};
 use dsv4_kvcache::backend::gpu::driver::Params;
@@ -275,20 +278,38 @@ fn same_as_cpu<D: Driver>(b: &mut GpuBackend<D>) {
     );
 }
 
-#[test]
-fn cuda_gives_the_cpu_errors() {
-    on_gpu!(cuda, "cuda_gives_the_cpu_errors", |b| same_as_cpu(b));
-}
-
-#[test]
-fn hip_gives_the_cpu_errors() {
-    on_gpu!(hip, "hip_gives_the_cpu_errors", |b| same_as_cpu(b));
-}
+gpu_tests!(
+    cuda_gives_the_cpu_errors,
+    hip_gives_the_cpu_errors,
+    prefix = "",
+    |b| same_as_cpu(b)
+);
 
 const N: usize = 4;
 const MAX_POS: usize = 16;
 const BLOCKS: usize = 2;
 const BLOCK: usize = 4;
+
+/// A CR 1 MXFP8 insert of N tokens over these buffers, `n_pos` positions.
+fn insert_args<'a, S: ?Sized>(
+    latent: &'a S,
+    pos: &'a S,
+    n_pos: usize,
+    cos: &'a S,
+    cache: &'a mut S,
+    slots: &'a S,
+) -> InsertArgs<'a, S> {
+    let d = TensorDesc::contiguous;
+    InsertArgs {
+        latent: Tensor::new(latent, d(DType::BF16, &[N, 512])),
+        positions: Tensor::new(pos, d(DType::I32, &[n_pos])),
+        cos_sin_cache: Tensor::new(cos, d(DType::F32, &[MAX_POS, 64])),
+        kv_cache: TensorMut::new(cache, d(DType::U8, &[BLOCKS, BLOCK, 528])),
+        slot_mapping: Tensor::new(slots, d(DType::I32, &[N])),
+        compress_ratio: 1,
+        fp8_scale: None,
+    }
+}
 
 /// The errors of a fixed list of bad raw MXFP8 inserts on `b`, over its own
 /// (zeroed) memory: a shape error the plan finds, null and misaligned
@@ -300,19 +321,10 @@ fn raw_errors<D: Driver>(b: &GpuBackend<D>) -> Vec<Error> {
     let idx = b.alloc_zeroed(N * 4).unwrap();
     let cos = b.alloc_zeroed(MAX_POS * 64 * 4).unwrap();
     let cache = b.alloc_zeroed(BLOCKS * BLOCK * 528).unwrap();
-    let d = |dt, shape: &[usize]| TensorDesc::contiguous(dt, shape);
     let run = |latent: RawDevice, pos: RawDevice, n_pos: usize, mut cache: RawDevice, counters| {
         let slots = idx.as_raw();
         let cos = cos.as_raw();
-        let args = InsertArgs {
-            latent: Tensor::new(&latent, d(DType::BF16, &[N, 512])),
-            positions: Tensor::new(&pos, d(DType::I32, &[n_pos])),
-            cos_sin_cache: Tensor::new(&cos, d(DType::F32, &[MAX_POS, 64])),
-            kv_cache: TensorMut::new(&mut cache, d(DType::U8, &[BLOCKS, BLOCK, 528])),
-            slot_mapping: Tensor::new(&slots, d(DType::I32, &[N])),
-            compress_ratio: 1,
-            fp8_scale: None,
-        };
+        let args = insert_args(&latent, &pos, n_pos, &cos, &mut cache, &slots);
         // SAFETY: every call below is refused before anything is launched.
         unsafe { b.rope_quant_insert_raw(&args, b.stream(), counters, false) }
             .expect_err("a bad raw call")
@@ -366,17 +378,8 @@ fn raw_entry_points_check_in_one_order() {
     let idx = cpu.upload(&[0; N * 4]).unwrap();
     let cos = cpu.upload(&vec![0; MAX_POS * 256]).unwrap();
     let mut cache = cpu.upload(&vec![0; BLOCKS * BLOCK * 528]).unwrap();
-    let d = |dt, shape: &[usize]| TensorDesc::contiguous(dt, shape);
     let e = cpu
-        .rope_quant_insert(InsertArgs {
-            latent: Tensor::new(&lat, d(DType::BF16, &[N, 512])),
-            positions: Tensor::new(&idx, d(DType::I32, &[N - 1])),
-            cos_sin_cache: Tensor::new(&cos, d(DType::F32, &[MAX_POS, 64])),
-            kv_cache: TensorMut::new(&mut cache, d(DType::U8, &[BLOCKS, BLOCK, 528])),
-            slot_mapping: Tensor::new(&idx, d(DType::I32, &[N])),
-            compress_ratio: 1,
-            fp8_scale: None,
-        })
+        .rope_quant_insert(insert_args(&lat, &idx, N - 1, &cos, &mut cache, &idx))
         .unwrap_err();
     assert_eq!(e, errs[0]);
 }
@@ -399,17 +402,8 @@ fn buffers_of_another_backend_are_refused_by_name() {
     let idx = a.alloc_zeroed(N * 4).unwrap();
     let cos = b.alloc_zeroed(MAX_POS * 256).unwrap();
     let mut cache = b.alloc_zeroed(BLOCKS * BLOCK * 528).unwrap();
-    let d = |dt, shape: &[usize]| TensorDesc::contiguous(dt, shape);
     let e = a
-        .rope_quant_insert(InsertArgs {
-            latent: Tensor::new(&lat, d(DType::BF16, &[N, 512])),
-            positions: Tensor::new(&idx, d(DType::I32, &[N])),
-            cos_sin_cache: Tensor::new(&cos, d(DType::F32, &[MAX_POS, 64])),
-            kv_cache: TensorMut::new(&mut cache, d(DType::U8, &[BLOCKS, BLOCK, 528])),
-            slot_mapping: Tensor::new(&idx, d(DType::I32, &[N])),
-            compress_ratio: 1,
-            fp8_scale: None,
-        })
+        .rope_quant_insert(insert_args(&lat, &idx, N, &cos, &mut cache, &idx))
         .unwrap_err();
     assert!(
         matches!(

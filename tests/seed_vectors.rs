@@ -12,6 +12,9 @@ use std::path::PathBuf;
 #[path = "gpu_required/mod.rs"]
 #[macro_use]
 mod gpu_required;
+#[path = "gpu_pair/mod.rs"]
+#[macro_use]
+mod gpu_pair;
 
 #[path = "flips_a_byte/mod.rs"]
 mod flips_a_byte;
@@ -58,15 +61,12 @@ fn replay_all<B: dsv4_kvcache::Backend>(b: &mut B) {
     }
 }
 
-#[test]
-fn cuda_reproduces_the_seed_kernels() {
-    on_gpu!(cuda, "seed vectors", |b| replay_all(b));
-}
-
-#[test]
-fn hip_reproduces_the_seed_kernels() {
-    on_gpu!(hip, "seed vectors", |b| replay_all(b));
-}
+gpu_tests!(
+    cuda_reproduces_the_seed_kernels,
+    hip_reproduces_the_seed_kernels,
+    label = "seed vectors",
+    |b| replay_all(b)
+);
 
 /// The replay check can fail: the CPU reference whose latent buffers read
 /// back with a byte flipped does not reproduce the seed files.

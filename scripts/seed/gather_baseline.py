@@ -36,13 +36,18 @@ from graph_timing import graph_us  # noqa: E402
 
 
 @triton.jit
-def _mxfp8_gather(cache, slots, out, bs, page_bytes):
+def _slot_page(cache, slots, bs, page_bytes):
+    """This program's output row i, its slot s, and the slot's row r and page
+    in the cache (meaningful only where s >= 0)."""
     i = tl.program_id(0)
     s = tl.load(slots + i)
+    return i, s, s % bs, cache + (s // bs) * page_bytes
+
+
+@triton.jit
+def _mxfp8_gather(cache, slots, out, bs, page_bytes):
+    i, s, r, page = _slot_page(cache, slots, bs, page_bytes)
     if s >= 0:
-        b = s // bs
-        r = s % bs
-        page = cache + b * page_bytes
         d = tl.arange(0, 512)
         codes = tl.load(page + r * 512 + d).to(tl.float8e4nv, bitcast=True).to(tl.float32)
         sb = tl.load(page + bs * 512 + r * 16 + d // 32).to(tl.float32)
@@ -51,12 +56,8 @@ def _mxfp8_gather(cache, slots, out, bs, page_bytes):
 
 @triton.jit
 def _nvfp4_gather(cache, slots, out, bs, page_bytes):
-    i = tl.program_id(0)
-    s = tl.load(slots + i)
+    i, s, r, page = _slot_page(cache, slots, bs, page_bytes)
     if s >= 0:
-        b = s // bs
-        r = s % bs
-        page = cache + b * page_bytes
         d = tl.arange(0, 512)
         byte = tl.load(page + r * 256 + d // 2).to(tl.int32)
         nib = tl.where(d % 2 == 0, byte & 15, byte >> 4)

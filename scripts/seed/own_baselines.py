@@ -29,6 +29,17 @@ def _own_rotate(src, cs):
 
 
 @triton.jit
+def _own_token(positions, cos_sin, slots, COS_STRIDE: tl.constexpr, COMPRESS_RATIO: tl.constexpr):
+    """This program's token t, its slot, whether the insert skips it (slot < 0,
+    or its position does not close a compression group), and its cos/sin row."""
+    t = tl.program_id(0)
+    slot = tl.load(slots + t)
+    position = tl.load(positions + t, mask=slot >= 0, other=0)
+    dead = (slot < 0) | ((position + 1) % COMPRESS_RATIO != 0)
+    return t, slot, dead, cos_sin + (position - position % COMPRESS_RATIO) * COS_STRIDE
+
+
+@triton.jit
 def _own_v4_insert_kernel(
     latent, positions, cos_sin, cache, slots,
     COS_STRIDE: tl.constexpr, CACHE_STRIDE: tl.constexpr, CACHE_BLOCK: tl.constexpr,
@@ -36,12 +47,8 @@ def _own_v4_insert_kernel(
 ):
     """V4 584 B record: e4m3 of unrotated dims 0..447 (7 blocks of 64, UE8M0
     scales), then dims 448..511 rotated as BF16; scales: 7 bytes + one zero."""
-    t = tl.program_id(0)
-    slot = tl.load(slots + t)
-    if slot < 0:
-        return
-    position = tl.load(positions + t)
-    if (position + 1) % COMPRESS_RATIO != 0:
+    t, slot, dead, cs = _own_token(positions, cos_sin, slots, COS_STRIDE, COMPRESS_RATIO)
+    if dead:
         return
     row_ptr = latent + t.to(tl.int64) * 512
     rec = cache + (slot // CACHE_BLOCK).to(tl.int64) * CACHE_STRIDE
@@ -61,7 +68,6 @@ def _own_v4_insert_kernel(
     tl.store(scale_ptr + tl.arange(0, 8), tl.where(tl.arange(0, 8) < 7, ue8m0, 0))
 
     # RoPE: dims 448..511 rotated, stored as 64 little-endian BF16 after the 448 FP8 bytes
-    cs = cos_sin + (position - position % COMPRESS_RATIO) * COS_STRIDE
     k = tl.arange(0, 32)
     ev = tl.load(row_ptr + 448 + 2 * k).to(tl.float32)
     od = tl.load(row_ptr + 449 + 2 * k).to(tl.float32)
@@ -79,15 +85,10 @@ def _own_rows_insert_kernel(
     CACHE_BLOCK: tl.constexpr, COMPRESS_RATIO: tl.constexpr, STORE_FP8: tl.constexpr,
 ):
     """Plain [448 NoPE | 64 RoPE] rows: bf16(r), or e4m3(clamp(bf16(r) / fp8_scale))."""
-    t = tl.program_id(0)
-    slot = tl.load(slots + t)
-    if slot < 0:
-        return
-    position = tl.load(positions + t)
-    if (position + 1) % COMPRESS_RATIO != 0:
+    t, slot, dead, cs = _own_token(positions, cos_sin, slots, COS_STRIDE, COMPRESS_RATIO)
+    if dead:
         return
     d = tl.arange(0, 512)
-    cs = cos_sin + (position - position % COMPRESS_RATIO) * COS_STRIDE
     r = _own_rotate(latent + t.to(tl.int64) * 512, cs).to(tl.bfloat16)
     dst = cache + (slot // CACHE_BLOCK).to(tl.int64) * CACHE_STRIDE + (slot % CACHE_BLOCK) * ROW_STRIDE + d
     if STORE_FP8:

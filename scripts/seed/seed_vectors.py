@@ -122,6 +122,26 @@ class Inputs:
     def ident(self):
         return ("special", self.special_idx["identity(cos=1,sin=0)"])
 
+    def scale_edge_row(self, targets, inv, key):
+        """A RoPE row whose last 64 dims split into one block per target, each
+        block's amax A searched so that f32(A*inv) hits the target, with the cos
+        entries of that block set to A's mantissa; returns (cos, row, achieved)."""
+        n = len(targets)
+        width, cos_width = 64 // n, 32 // n
+        cos = np.zeros(32, np.float32)
+        row = self.normal_bf16(512)
+        achieved = []
+        for g, tgt in enumerate(targets):
+            A, ok = search_f32_product(tgt, inv)
+            achieved.append({key: float(tgt), "amax": float(A), "exact": bool(ok)})
+            m, c = split_pow2(A)
+            cos[g * cos_width:(g + 1) * cos_width] = c
+            d0 = 448 + g * width
+            small = (self.rng.uniform(-0.45, 0.45, width) * 2.0 ** m).astype(np.float32)
+            row[d0:d0 + width] = bf16(small)
+            row[d0] = bf16(np.float32(2.0 ** m))
+        return cos, row, achieved
+
     # ---- build
     def build(self):
         rng = self.rng
@@ -224,18 +244,7 @@ class Inputs:
             pair = targets[i:i + 2]
             if len(pair) < 2:
                 pair = pair + [targets[0]]
-            cos = np.zeros(32, np.float32)
-            row = self.normal_bf16(512)
-            achieved = []
-            for half, tgt in enumerate(pair):
-                A, ok = search_f32_product(tgt, spec_ref.F32_1_448)
-                achieved.append({"target_x": float(tgt), "amax": float(A), "exact": bool(ok)})
-                m, c = split_pow2(A)
-                cos[half * 16:(half + 1) * 16] = c
-                d0 = 448 + half * 32
-                small = (rng.uniform(-0.45, 0.45, 32) * 2.0 ** m).astype(np.float32)
-                row[d0:d0 + 32] = bf16(small)
-                row[d0] = bf16(np.float32(2.0 ** m))
+            cos, row, achieved = self.scale_edge_row(pair, spec_ref.F32_1_448, "target_x")
             j = self.add_special(f"mxfp8 exponent edge {i // 2}", cos, np.zeros(32, np.float32))
             self.mx_edge.append(achieved)
             self.add("mxfp8_exponent_edge_rope", row, ("special", j))
@@ -253,18 +262,7 @@ class Inputs:
             grp = ntargets[i:i + 4]
             while len(grp) < 4:
                 grp.append(ntargets[len(grp)])
-            cos = np.zeros(32, np.float32)
-            row = self.normal_bf16(512)
-            achieved = []
-            for g, tgt in enumerate(grp):
-                A, ok = search_f32_product(tgt, spec_ref.F32_1_6)
-                achieved.append({"target_amax_div_6": float(tgt), "amax": float(A), "exact": bool(ok)})
-                m, c = split_pow2(A)
-                cos[g * 8:(g + 1) * 8] = c
-                d0 = 448 + g * 16
-                small = (rng.uniform(-0.45, 0.45, 16) * 2.0 ** m).astype(np.float32)
-                row[d0:d0 + 16] = bf16(small)
-                row[d0] = bf16(np.float32(2.0 ** m))
+            cos, row, achieved = self.scale_edge_row(grp, spec_ref.F32_1_6, "target_amax_div_6")
             j = self.add_special(f"nvfp4 scale edge {i // 4}", cos, np.zeros(32, np.float32))
             self.nv_edge.append(achieved)
             self.add("nvfp4_scale_edge_rope", row, ("special", j))

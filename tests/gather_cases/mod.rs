@@ -102,6 +102,24 @@ pub enum Form {
     },
 }
 
+impl Form {
+    /// The view of the block table (the table form only).
+    fn block_table_desc(&self) -> TensorDesc {
+        let Form::Table {
+            rows,
+            cols,
+            row_stride,
+            i64,
+            ..
+        } = self
+        else {
+            panic!("the slot form has no block table");
+        };
+        let dtype = if *i64 { DType::I64 } else { DType::I32 };
+        TensorDesc::strided(dtype, &[*rows, *cols], &[*row_stride, 1]).expect("rank 2")
+    }
+}
+
 /// One gather.
 #[derive(Debug, Clone)]
 pub struct Case {
@@ -247,23 +265,9 @@ impl Case {
                 slot_mapping: Tensor::new(&index[0], index_desc(slots.len(), *i64)),
             },
             Form::Table {
-                rows,
-                cols,
-                row_stride,
-                cu,
-                starts,
-                i64,
-                ..
+                cu, starts, i64, ..
             } => GatherIndex::BlockTable {
-                block_table: Tensor::new(
-                    &index[0],
-                    TensorDesc::strided(
-                        if *i64 { DType::I64 } else { DType::I32 },
-                        &[*rows, *cols],
-                        &[*row_stride, 1],
-                    )
-                    .expect("rank 2"),
-                ),
+                block_table: Tensor::new(&index[0], self.form.block_table_desc()),
                 cu_seq_lens: Tensor::new(&index[1], index_desc(cu.len(), *i64)),
                 seq_starts: starts
                     .as_ref()
@@ -597,4 +601,43 @@ pub fn every_code_scales(layout: RecordLayout) -> &'static [f32] {
     } else {
         &[1.0]
     }
+}
+
+/// For `layout`: random cases with either index form, wild or not, at each
+/// of `sizes` and both sides of the layout's split end (case `k` of the
+/// sweep seeded `(*seed + k) << shift | n`), then every every-code case;
+/// `*seed` moves past the seeds used.
+pub fn layout_sweep(
+    layout: RecordLayout,
+    sizes: &[usize],
+    shift: u32,
+    seed: &mut u64,
+) -> Vec<Case> {
+    let split = dsv4_kvcache::gather::gather_split_max_rows(layout);
+    let mut sizes = [sizes, &[split, split + 1]].concat();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut out = Vec::new();
+    for table in [false, true] {
+        for wild in [false, true] {
+            for &n in &sizes {
+                *seed += 1;
+                out.push(random_case(
+                    *seed << shift | n as u64,
+                    layout,
+                    table,
+                    n,
+                    wild,
+                ));
+            }
+        }
+    }
+    for out_f32 in [false, true] {
+        for &s in every_code_scales(layout) {
+            for i64 in [false, true] {
+                out.push(every_code_case(layout, out_f32, s, i64));
+            }
+        }
+    }
+    out
 }

@@ -67,14 +67,38 @@ struct DemoConfig {
     seed: u64,
 }
 
-/// Ring rows per request.
-const RING_CAPACITY: usize = 4;
-/// Rows per cache block.
-const BLOCK: usize = 64;
+/// Ring rows per request (the demo's and the soak's).
+pub(crate) const RING_CAPACITY: usize = 4;
+/// Rows per cache block (the demo's and the soak's).
+pub(crate) const BLOCK: usize = 64;
 /// Timed insert calls per layout in the demo (after one warm-up call).
 const DEMO_TIMED_CALLS: usize = 5;
-/// The FP8 rows' per-tensor scale in the demo.
-const DEMO_FP8_SCALE: f32 = 0.02;
+/// The FP8 rows' per-tensor scale (the demo's and the soak's).
+pub(crate) const FP8_SCALE: f32 = 0.02;
+
+/// Uploads each I64 index list to `b`, in order.
+pub(crate) fn upload_indices<B: Backend, const K: usize>(
+    b: &B,
+    lists: [&[i64]; K],
+) -> Result<[B::Buffer; K]> {
+    let bufs = lists
+        .iter()
+        .map(|l| b.upload(&i64_bytes(l)))
+        .collect::<Result<Vec<_>>>()?;
+    match bufs.try_into() {
+        Ok(all) => Ok(all),
+        Err(_) => unreachable!("one buffer per list"),
+    }
+}
+
+/// The descriptor of a cache of `blocks` blocks of [`BLOCK`] rows in `layout`.
+pub(crate) fn cache_desc(blocks: usize, layout: RecordLayout) -> TensorDesc {
+    match layout {
+        RecordLayout::Bf16Rows => TensorDesc::contiguous(DType::BF16, &[blocks, BLOCK, DIM]),
+        RecordLayout::Fp8Rows => TensorDesc::contiguous(DType::F8E4M3, &[blocks, BLOCK, DIM]),
+        l => TensorDesc::contiguous(DType::U8, &[blocks, BLOCK, l.record_bytes()]),
+    }
+}
 
 /// Everything the demo feeds the operations, on the host.
 struct Scenario {
@@ -223,15 +247,7 @@ impl Scenario {
     }
 
     fn cache_desc(&self, layout: RecordLayout) -> TensorDesc {
-        match layout {
-            RecordLayout::Bf16Rows => {
-                TensorDesc::contiguous(DType::BF16, &[self.blocks, BLOCK, DIM])
-            }
-            RecordLayout::Fp8Rows => {
-                TensorDesc::contiguous(DType::F8E4M3, &[self.blocks, BLOCK, DIM])
-            }
-            l => TensorDesc::contiguous(DType::U8, &[self.blocks, BLOCK, l.record_bytes()]),
-        }
+        cache_desc(self.blocks, layout)
     }
 
     fn cache_bytes(&self, layout: RecordLayout) -> usize {
@@ -266,7 +282,7 @@ fn run_scenario<B: Backend>(b: &B, sc: &Scenario, chunked: bool, inserts: bool) 
     let weight = b.upload(&u16_bytes(&sc.weight))?;
     let cos = b.upload(&f32_bytes(&sc.cos_sin))?;
     let cos_desc = desc(DType::F32, &[sc.cos_rows, 64]);
-    let fp8 = b.upload(&DEMO_FP8_SCALE.to_le_bytes())?;
+    let fp8 = b.upload(&FP8_SCALE.to_le_bytes())?;
     let mut caches = Vec::new();
     if inserts {
         for l in RecordLayout::ALL {
@@ -306,11 +322,8 @@ fn run_scenario<B: Backend>(b: &B, sc: &Scenario, chunked: bool, inserts: bool) 
             qsl.push(qsl.last().copied().unwrap_or(0) + len as i64);
         }
         let kv_b = b.upload(&f32_bytes(&kv))?;
-        let pos_b = b.upload(&i64_bytes(&pos))?;
-        let slots_b = b.upload(&i64_bytes(&slots))?;
-        let qsl_b = b.upload(&i64_bytes(&qsl))?;
-        let ttr_b = b.upload(&i64_bytes(&ttr))?;
-        let cslots_b = b.upload(&i64_bytes(&cslots))?;
+        let [pos_b, slots_b, qsl_b, ttr_b, cslots_b] =
+            upload_indices(b, [&pos, &slots, &qsl, &ttr, &cslots])?;
         let mut latent = b.upload(&vec![0u8; n * DIM * 2])?;
         let lat_desc = desc(DType::BF16, &[n, DIM]);
         let idx = |len: usize| desc(DType::I64, &[len]);
@@ -392,7 +405,7 @@ fn reconstruction(
         let sin: [f32; 32] = row[32..].try_into().expect("32");
         let want = rotate(&lat, &cos, &sin);
         let (values, scales) = record_at(layout, cache, sc.cache_slot(req, p) as usize);
-        let got = decode_record(layout, values, scales, DEMO_FP8_SCALE);
+        let got = decode_record(layout, values, scales, FP8_SCALE);
         for (g, w) in got.iter().zip(want.iter()) {
             let d = (*g as f64) - (*w as f64);
             max_abs = max_abs.max(d.abs());
@@ -423,7 +436,7 @@ fn time_insert<B: Backend>(
     let pos_b = b.upload(&i64_bytes(&pos))?;
     let slots_b = b.upload(&i64_bytes(&slots))?;
     let cos = b.upload(&f32_bytes(&sc.cos_sin))?;
-    let fp8 = b.upload(&DEMO_FP8_SCALE.to_le_bytes())?;
+    let fp8 = b.upload(&FP8_SCALE.to_le_bytes())?;
     let mut cache = b.upload(&vec![0u8; sc.cache_bytes(layout)])?;
     let once = |cache: &mut B::Buffer| {
         b.rope_quant_insert(InsertArgs {

@@ -173,37 +173,32 @@ fn unavailable(backend: &'static str, reason: &str) -> Error {
     }
 }
 
-#[cfg(feature = "cuda")]
-fn try_cuda<J: Job>(job: J, notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
-    match cuda_wiring::open() {
-        Ok(mut b) => Ok(job.run(&mut b, &GraphTiming, notes)),
-        Err(e) => Err((job, e)),
-    }
+/// A job's result on an opened backend, or the job back with why the backend
+/// did not open.
+type Tried<J> = std::result::Result<Result<<J as Job>::Out>, (J, Error)>;
+
+/// Defines `$name`, which runs a job on the backend `$wiring` opens, or hands
+/// the job back where the backend is absent or this binary lacks `$feature`.
+macro_rules! try_backend {
+    ($name:ident, $feature:literal, $wiring:ident) => {
+        #[cfg(feature = $feature)]
+        fn $name<J: Job>(job: J, notes: &[String]) -> Tried<J> {
+            match $wiring::open() {
+                Ok(mut b) => Ok(job.run(&mut b, &GraphTiming, notes)),
+                Err(e) => Err((job, e)),
+            }
+        }
+
+        #[cfg(not(feature = $feature))]
+        fn $name<J: Job>(job: J, _notes: &[String]) -> Tried<J> {
+            let why = concat!("this binary was built without the `", $feature, "` feature");
+            Err((job, unavailable($feature, why)))
+        }
+    };
 }
 
-#[cfg(not(feature = "cuda"))]
-fn try_cuda<J: Job>(job: J, _notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
-    Err((
-        job,
-        unavailable("cuda", "this binary was built without the `cuda` feature"),
-    ))
-}
-
-#[cfg(feature = "hip")]
-fn try_hip<J: Job>(job: J, notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
-    match hip_wiring::open() {
-        Ok(mut b) => Ok(job.run(&mut b, &GraphTiming, notes)),
-        Err(e) => Err((job, e)),
-    }
-}
-
-#[cfg(not(feature = "hip"))]
-fn try_hip<J: Job>(job: J, _notes: &[String]) -> std::result::Result<Result<J::Out>, (J, Error)> {
-    Err((
-        job,
-        unavailable("hip", "this binary was built without the `hip` feature"),
-    ))
-}
+try_backend!(try_cuda, "cuda", cuda_wiring);
+try_backend!(try_hip, "hip", hip_wiring);
 
 fn cpu_backend() -> Result<CpuBackend> {
     let mut b = CpuBackend::new();

@@ -16,6 +16,7 @@
 //! same calls on the CPU reference, and memory is sampled.
 
 use crate::args::Opts;
+use crate::demo::{cache_desc, upload_indices, BLOCK, FP8_SCALE, RING_CAPACITY as RING};
 use crate::select::{with_backend, Job};
 use crate::timing::Timing;
 use crate::{CliError, CliResult};
@@ -94,14 +95,8 @@ struct SoakConfig {
     report_every: Duration,
 }
 
-/// Ring rows per request slot.
-const RING: usize = 4;
-/// Rows per cache block.
-const BLOCK: usize = 64;
 /// Largest prefill chunk.
 const MAX_CHUNK: usize = 64;
-/// The FP8 rows' per-tensor scale.
-const FP8_SCALE: f32 = 0.02;
 
 /// A request in a slot.
 struct Request {
@@ -144,11 +139,7 @@ struct Shape {
 
 impl Shape {
     fn cache_desc(&self, l: RecordLayout) -> TensorDesc {
-        match l {
-            RecordLayout::Bf16Rows => d(DType::BF16, &[self.blocks, BLOCK, DIM]),
-            RecordLayout::Fp8Rows => d(DType::F8E4M3, &[self.blocks, BLOCK, DIM]),
-            l => d(DType::U8, &[self.blocks, BLOCK, l.record_bytes()]),
-        }
+        cache_desc(self.blocks, l)
     }
 }
 
@@ -198,11 +189,8 @@ impl<B: Backend> Side<B> {
             qsl.push(qsl[qsl.len() - 1] + len as i64);
         }
         let kv = b.upload(&f32_bytes(&bt.rows))?;
-        let pos_b = b.upload(&i64_bytes(&pos))?;
-        let slots_b = b.upload(&i64_bytes(&slots))?;
-        let qsl_b = b.upload(&i64_bytes(&qsl))?;
-        let ttr_b = b.upload(&i64_bytes(&ttr))?;
-        let cslots_b = b.upload(&i64_bytes(&cslots))?;
+        let [pos_b, slots_b, qsl_b, ttr_b, cslots_b] =
+            upload_indices(b, [&pos, &slots, &qsl, &ttr, &cslots])?;
         let mut latent = b.upload(&vec![0u8; n * DIM * 2])?;
         let idx = |len: usize| d(DType::I64, &[len]);
         let lat_desc = d(DType::BF16, &[n, DIM]);
