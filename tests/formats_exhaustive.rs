@@ -15,6 +15,16 @@ use float8::F8E4M3;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+/// Fails naming the first input where two encoders disagreed.
+fn no_disagreement(bad: Option<u32>) {
+    assert_eq!(
+        bad,
+        None,
+        "first disagreement at {:#010x}",
+        bad.unwrap_or(0)
+    );
+}
+
 /// The first input of `lo..hi` (bit patterns, `hi` exclusive, as u64) for
 /// which `bad` holds, searched in parallel chunks.
 fn find_bits(lo: u64, hi: u64, bad: impl Fn(u32) -> bool + Sync) -> Option<u32> {
@@ -296,22 +306,12 @@ fn e4m3_encode_dense_sweep_exact() {
         let x = f32::from_bits(b);
         e4m3_from_f32(x) != e4m3_exact(x)
     });
-    assert_eq!(
-        bad,
-        None,
-        "first disagreement at {:#010x}",
-        bad.unwrap_or(0)
-    );
+    no_disagreement(bad);
     let bad = find_bits_step(0x8000_0000, 1 << 32, 61, |b| {
         let x = f32::from_bits(b);
         e4m3_from_f32(x) != e4m3_exact(x)
     });
-    assert_eq!(
-        bad,
-        None,
-        "first disagreement at {:#010x}",
-        bad.unwrap_or(0)
-    );
+    no_disagreement(bad);
 }
 
 /// `float8::F8E4M3::from_f32` (0.7) is NVIDIA's `cvt.rn.satfinite` port: on
@@ -331,12 +331,7 @@ fn e4m3_encode_every_f32_against_float8() {
             ours != theirs
         }
     });
-    assert_eq!(
-        bad,
-        None,
-        "first disagreement at {:#010x}",
-        bad.unwrap_or(0)
-    );
+    no_disagreement(bad);
     assert_eq!(F8E4M3::from_f32(f32::INFINITY).to_bits(), 0x7e);
     assert_eq!(F8E4M3::from_f32(-f32::NAN).to_bits(), 0xff);
     assert_eq!(e4m3_from_f32(-f32::NAN), 0x7f);
@@ -352,12 +347,7 @@ fn e4m3_of_nan_to_max_equals_e4m3_of_clamp_on_every_f32() {
         let x = f32::from_bits(b);
         e4m3_from_f32(e4m3_nan_to_max(x)) != e4m3_from_f32(clamp_e4m3(x))
     });
-    assert_eq!(
-        bad,
-        None,
-        "first disagreement at {:#010x}",
-        bad.unwrap_or(0)
-    );
+    no_disagreement(bad);
 }
 
 // ---- e2m1 -------------------------------------------------------------------------
@@ -483,12 +473,7 @@ fn e2m1_every_f32_against_midpoints() {
         let x = f32::from_bits(b);
         e2m1_from_f32(x) != e2m1_by_midpoints(x)
     });
-    assert_eq!(
-        bad,
-        None,
-        "first disagreement at {:#010x}",
-        bad.unwrap_or(0)
-    );
+    no_disagreement(bad);
 }
 
 /// Against the exact encoder on every f32 from `2^-6` to 8 (about 7.5e7
@@ -501,12 +486,7 @@ fn e2m1_dense_sweep_exact() {
         let x = f32::from_bits(b);
         e2m1_from_f32(x) != e2m1_exact(x) || (b % 7 == 0 && e2m1_from_f32(-x) != e2m1_exact(-x))
     });
-    assert_eq!(
-        bad,
-        None,
-        "first disagreement at {:#010x}",
-        bad.unwrap_or(0)
-    );
+    no_disagreement(bad);
 }
 
 // ---- UE8M0 ------------------------------------------------------------------------
