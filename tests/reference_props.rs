@@ -350,10 +350,15 @@ fn cos_sin_of(c: &Case, pos: i64) -> ([f32; 32], [f32; 32]) {
     let t = c.cos_sin_cache.as_ref().expect("cos");
     let cr = c.compress_ratio as i64;
     let base = ((pos / cr) * cr) as usize;
-    let row: Vec<f32> = if t.desc.dtype == DType::BF16 {
-        t.u16_row(base).into_iter().map(bf16_to_f32).collect()
-    } else {
-        t.f32_row(base)
+    let row: Vec<f32> = match t.desc.dtype {
+        DType::BF16 => t.u16_row(base).into_iter().map(bf16_to_f32).collect(),
+        // `half` decodes F16 independently of the crate's twin.
+        DType::F16 => t
+            .u16_row(base)
+            .into_iter()
+            .map(|b| half::f16::from_bits(b).to_f32())
+            .collect(),
+        _ => t.f32_row(base),
     };
     let mut cs = [0.0; 32];
     let mut sn = [0.0; 32];
