@@ -6,6 +6,7 @@ timed by harnesses that differ from each other in one thing at a time.
     PYTHONPATH=SITE python3 scripts/seed/gather_gap.py probe --bin BIN     # first, in a fresh process
     PYTHONPATH=SITE python3 scripts/seed/gather_gap.py table --bin BIN [--rounds 3] [--json OUT]
     PYTHONPATH=SITE python3 scripts/seed/gather_gap.py table --bin BIN --dry-run   # CPU: plumbing only
+    PYTHONPATH=SITE python3 scripts/seed/gather_gap.py isolate --bin BIN           # a process per suspect step
 
 Inputs. `BIN capture --op gather_dequant --requests 0 [--written]` writes
 the inputs the bench builds for its "gather L" (written cache) and "gather L,
@@ -43,6 +44,14 @@ the allocation. K = 1 columns show the per-replay cost directly.
 empty_cache, graph_us, a Triton launch), to find what, if anything, makes a
 process's later timings slower than its first (docs/tuning.md, "Measuring
 the reader").
+
+`isolate` runs every suspect step of `probe` in a fresh process of its own
+(plus a few the probe does not take): each child builds the bench's MXFP8
+gather at N = 16 on the written cache, times driver graphs of 20 and 100
+launches (timing.rs's method) before the step and after it, and again after
+a fresh driver capture, so a step that slows the process's later launches
+shows as after - before in its own row, with the "none" and "repeat" rows as
+the noise and the drift of timing alone.
 
 A table row also lists the graph's node types once (torch's capture and the
 driver's), so an extra node (memset, event record) would show.
@@ -613,9 +622,228 @@ def _triton_launch():
     _fill[(1,)](x)
 
 
+# ---- isolate: one fresh process per suspect step -------------------------------------
+
+def _trivial_torch_graph(keep):
+    x = torch.zeros(64, device="cuda")
+    g = torch.cuda.CUDAGraph(keep_graph=keep)
+    with torch.cuda.graph(g):
+        x.add_(1)
+    g.replay()
+    return g, x
+
+
+def _driver_alloc(cu, nbytes):
+    s = cu.new("cuStreamCreate", CU_STREAM_NON_BLOCKING)
+    p = ctypes.c_uint64()
+    cu("cuMemAllocAsync", ctypes.byref(p), nbytes, s)
+    cu("cuStreamSynchronize", s)
+    return p, s
+
+
+ISOLATE_STEPS = {
+    "none": "nothing (noise)",
+    "repeat": "the driver graphs timed 30 more times (drift of timing alone)",
+    "sleep": "3 s idle",
+    "streams": "3 torch.cuda.Stream()",
+    "eager": "one eager call of the package on a torch side stream",
+    "torch_graph": "torch.cuda.graph of 20 package calls, kept (graph_timing.capture)",
+    "torch_graph_dropped": "the same, dropped and collected",
+    "torch_graph_replayed": "the same, kept and replayed 8 times",
+    "trivial_graph": "torch.cuda.graph of one x.add_(1), kept",
+    "trivial_graph_keep": "the same with keep_graph=True",
+    "graph_pool": "torch.cuda.graph_pool_handle(), kept",
+    "empty_cache": "torch.cuda.empty_cache()",
+    "alloc_1g": "a 1 GiB torch tensor, kept",
+    "alloc_16g": "a 16 GiB torch tensor, kept",
+    "drv_alloc_16g": "16 GiB from cuMemAllocAsync, kept",
+    "driver_graph": "a second driver graph of the same 20 calls, kept and replayed 8 times",
+    "triton": "a Triton launch",
+    "ops_all": "one call of every package op and layout (CR1/CR2 compress, inserts, fused, ring rows)",
+    "graphs_50": "50 torch.cuda.graph captures of the package call, each dropped",
+    "triton_10": "10 distinct Triton kernels compiled and launched",
+    "seed_bench_1024": "seed_bench.py's ops at T = 1024 (--ours --tune-warps) each timed once",
+    "graphs_10": "10 torch.cuda.graph captures of the package call, each dropped",
+    "graphs_25": "25 torch.cuda.graph captures of the package call, each dropped",
+    "graphs_50_kept": "50 torch.cuda.graph captures of the package call, all kept",
+    "drv_graphs_50": "50 driver graphs of the package call (timing.rs's capture), each destroyed",
+    "drv_graphs_50_one_stream": "the same, all captured on one stream",
+    "streams_12": "12 torch.cuda.Stream(), kept",
+    "drv_streams_50": "50 driver streams created and destroyed",
+    "graphs_50_maxconn32": "graphs_50 in a process with CUDA_DEVICE_MAX_CONNECTIONS=32",
+    "graphs_50_maxconn1": "graphs_50 in a process with CUDA_DEVICE_MAX_CONNECTIONS=1",
+}
+
+
+def _ops_all():
+    from cases import LAYOUTS as CASE_LAYOUTS, compress_case, fused_case, insert_case, ring_case
+
+    def on_gpu(d):
+        return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+
+    for cr in (1, 2):
+        kv.fused_save_compress_norm(**on_gpu(compress_case(cr)))
+        for layout in CASE_LAYOUTS:
+            i = on_gpu(insert_case(layout, cr))
+            kv.rope_quant_insert(**i)
+            kv.fused_compress_insert(**on_gpu(fused_case(layout, cr)))
+            out = torch.empty(4, 512, dtype=torch.bfloat16, device="cuda")
+            kv.gather_dequant(i["kv_cache"], out, torch.arange(4, device="cuda"), fp8_scale=i.get("fp8_scale"))
+    kv.save_ring_rows(**on_gpu(ring_case()))
+
+
+def _triton_many(k):
+    if triton is None:
+        raise RuntimeError("no triton")
+
+    @triton.jit
+    def _scaled(x, C: tl.constexpr):
+        tl.store(x + tl.arange(0, 64), tl.arange(0, 64) * C)
+
+    x = torch.empty(64, dtype=torch.int32, device="cuda")
+    for c in range(2, 2 + k):
+        _scaled[(1,)](x, C=c)
+
+
+def _seed_bench_ops(t):
+    sys.path.insert(0, HERE)
+    import seed_bench
+    import seedlib
+
+    seed_bench.KERNELS.update(seedlib.load_seed_kernels(os.environ.get("SEED_DOC", seedlib.DEFAULT_SEED_DOC))[0])
+
+    for _label, (_kind, fn) in seed_bench.build_ops(t, torch.device("cuda"), True, True, True).items():
+        seed_bench.time_graph(fn)
+
+
+def isolate_one(a):
+    """In this process: time, take one step, time again (JSON on stdout's last line)."""
+    kv.init("cuda")
+    cu = Cu()
+    case = Case(a.case, "cuda")
+    assert case.check(case.t) == 0, "output differs from the CPU reference"
+    fn = case.call_on(case.t)
+    d20, d100 = DriverGraph(cu, fn, 20), DriverGraph(cu, fn, 100)
+    tri = None
+    if triton is not None:
+        x = torch.empty(64, dtype=torch.int32, device="cuda")
+        _fill[(1,)](x)
+        tri = DriverGraph(cu, lambda: _fill[(1,)](x), 20)
+
+    def timing():
+        t20 = min(med(d20.times()) for _ in range(3))
+        t100 = min(med(d100.times()) for _ in range(3))
+        tt = min(med(tri.times()) for _ in range(3)) if tri is not None else float("nan")
+        return t20, marginal(t20, t100), tt
+
+    before = timing()
+    keep = []
+    step = a.step
+    if step == "repeat":
+        for _ in range(30):
+            timing()
+    elif step == "sleep":
+        time.sleep(3)
+    elif step == "streams":
+        keep += [torch.cuda.Stream() for _ in range(3)]
+    elif step == "eager":
+        _side_call(fn)
+    elif step in ("torch_graph", "torch_graph_dropped", "torch_graph_replayed"):
+        g = torch_graph(fn, 20)
+        if step == "torch_graph_replayed":
+            for _ in range(8):
+                g.replay()
+        if step == "torch_graph_dropped":
+            del g
+            import gc
+            gc.collect()
+        else:
+            keep.append(g)
+    elif step in ("trivial_graph", "trivial_graph_keep"):
+        keep.append(_trivial_torch_graph(step == "trivial_graph_keep"))
+    elif step == "graph_pool":
+        keep.append(torch.cuda.graph_pool_handle())
+    elif step == "empty_cache":
+        torch.cuda.empty_cache()
+    elif step in ("alloc_1g", "alloc_16g"):
+        keep.append(torch.empty((1 if step == "alloc_1g" else 16) << 30, dtype=torch.uint8, device="cuda"))
+    elif step == "drv_alloc_16g":
+        keep.append(_driver_alloc(cu, 16 << 30))
+    elif step == "driver_graph":
+        d = DriverGraph(cu, fn, 20)
+        d.times(8)
+        keep.append(d)
+    elif step == "triton":
+        _triton_launch()
+    elif step == "ops_all":
+        _ops_all()
+    elif step == "drv_graphs_50_one_stream":
+        one = cu.new("cuStreamCreate", CU_STREAM_NON_BLOCKING)
+        for _ in range(50):
+            DriverGraph(cu, fn, 20, stream=one).close()
+    elif step == "streams_12":
+        keep += [torch.cuda.Stream() for _ in range(12)]
+    elif step == "drv_streams_50":
+        for _ in range(50):
+            cu("cuStreamDestroy_v2", cu.new("cuStreamCreate", CU_STREAM_NON_BLOCKING))
+    elif step in ("graphs_10", "graphs_25", "graphs_50", "graphs_50_maxconn32", "graphs_50_maxconn1"):
+        for _ in range(int(step.split("_")[1])):
+            torch_graph(fn, 20).replay()
+    elif step == "graphs_50_kept":
+        for _ in range(50):
+            keep.append(torch_graph(fn, 20))
+            keep[-1].replay()
+    elif step == "drv_graphs_50":
+        for _ in range(50):
+            DriverGraph(cu, fn, 20).close()
+    elif step == "triton_10":
+        _triton_many(10)
+    elif step == "seed_bench_1024":
+        _seed_bench_ops(1024)
+    elif step != "none":
+        sys.exit(f"unknown step {step}")
+    torch.cuda.synchronize()
+    after = timing()
+    fresh = DriverGraph(cu, fn, 20)
+    new = min(med(fresh.times()) for _ in range(3))
+    print(json.dumps(dict(step=step, before=before, after=after, new=new)))
+
+
+def isolate(a):
+    """A child process per step; the table of before / after."""
+    tmp = tempfile.mkdtemp()
+    path = capture_file(a.bin, tmp, "gather_dequant", "mxfp8", a.probe_n, True)
+    steps = a.steps.split(",") if a.steps else list(ISOLATE_STEPS)
+    print(f"MXFP8 gather, N = {a.probe_n}, written cache; a fresh process per step; driver graphs (timing.rs's "
+          "method), best median of 3 timings, µs a launch; m: marginal ((100 t100 - 20 t20) / 80); "
+          "new: a driver capture made after the step")
+    print("| step | before 20 | before m | after 20 | after m | new 20 | after - before (20) | Triton store, before / after |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    for rnd in range(a.rounds):
+        for step in steps:
+            cmd = [sys.executable, os.path.abspath(__file__), "isolate-one", "--bin", a.bin, "--case", path,
+                   "--step", step]
+            env = dict(os.environ)
+            if "_maxconn" in step:
+                env["CUDA_DEVICE_MAX_CONNECTIONS"] = step.rsplit("maxconn", 1)[1]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                print(f"| {step} | failed: {p.stderr.strip().splitlines()[-1:]} |", flush=True)
+                continue
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            rows.append(dict(r, round=rnd))
+            b, af = r["before"], r["after"]
+            print(f"| {step}: {ISOLATE_STEPS.get(step, step)} | {b[0]:.2f} | {b[1]:.2f} | {af[0]:.2f} | {af[1]:.2f} | "
+                  f"{r['new']:.2f} | {af[0] - b[0]:+.2f} | {b[2]:.2f} / {af[2]:.2f} |", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["table", "probe"])
+    ap.add_argument("what", choices=["table", "probe", "isolate", "isolate-one"])
     ap.add_argument("--bin", required=True, help="the dsv4-kvcache binary (capture, bench)")
     ap.add_argument("--n", default="1,16,128,1024")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
@@ -628,6 +856,9 @@ def main():
     ap.add_argument("--probe-n", type=int, default=16)
     ap.add_argument("--probe-layouts", default="mxfp8,nvfp4")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--steps", default="", help="isolate: the steps to run (default: all)")
+    ap.add_argument("--case", default=None, help="isolate-one: the captured inputs")
+    ap.add_argument("--step", default="none", help="isolate-one: the step")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU tensors: captures, loads and checks every case, times nothing")
     a = ap.parse_args()
@@ -636,6 +867,11 @@ def main():
         if a.dry_run:
             sys.exit("probe needs a CUDA GPU")
         probe(a)
+    elif a.what == "isolate":
+        isolate(a)
+    elif a.what == "isolate-one":
+        isolate_one(a)
+        return
     else:
         table(a)
     print(f"gather_gap {a.what}: {time.time() - t0:.1f} s")

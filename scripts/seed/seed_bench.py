@@ -19,6 +19,11 @@ Rows:
   seed docstring's grid: a program per request, then one per pair of tokens).
   Skip with --no-baselines; a failing baseline is reported and skipped, it
   never stops the seed rows.
+- --ours: this package's fused_save_compress_norm on the peers' very tensors
+  (rows "ours ..."), so the compressor comparison is made in one process on
+  identical inputs; with --rounds R every op of a T is timed R times, the
+  order reversed in every other round, and its best median kept (an
+  interleaved comparison, neither side always first).
 
 GPU host:  python3 scripts/seed/seed_bench.py --seed-doc .carry/seed.txt --out $OUT/seed_bench.json
 CPU smoke: TRITON_INTERPRET=1 python3 scripts/seed/seed_bench.py --device cpu --smoke
@@ -69,8 +74,8 @@ def make_inputs(T, dev, gen_seed=1234):
     return latent, positions, cos_sin, slots, num_blocks, g
 
 
-def build_ops(T, dev, baselines, tune_warps=False):
-    """{label: (kind, zero-arg callable)}; kind is 'seed' or 'own'."""
+def build_ops(T, dev, baselines, tune_warps=False, ours=False):
+    """{label: (kind, zero-arg callable)}; kind is 'seed', 'own' or 'ours'."""
     latent, positions, cos_sin, slots, nb, g = make_inputs(T, dev)
     ops = {}
     for layout in ("mxfp8", "nvfp4"):
@@ -100,13 +105,28 @@ def build_ops(T, dev, baselines, tune_warps=False):
         for nw in widths:
             ops["own save/compress/norm CR1" + sfx(nw)] = ("own", lambda nw=nw: own_baselines.norm_cr1(
                 kv, slots, w, 1e-6, out, num_warps=nw))
+        if ours:
+            ops["ours save/compress/norm CR1"] = ("ours", lambda: _ours().fused_save_compress_norm(
+                kv, positions, None, slots, None, None, w, 1e-6, 1, out))
         for label, reqs in (("T one-token requests", T), ("T/2 two-token requests", max(T // 2, 1)),
                             ("4 requests of T/4", 4)):
             a = cr2_inputs(T, reqs, g, dev)
             for nw in widths:
                 ops[f"own save/compress/norm CR2, {label}" + sfx(nw)] = (
                     "own", lambda a=a, nw=nw: own_baselines.compress_cr2(*a, w, 1e-6, out, num_warps=nw))
+            if ours:
+                kv2, pos2, slots2, qsl, ttr, ring = a
+                ops[f"ours save/compress/norm CR2, {label}"] = ("ours", lambda kv2=kv2, pos2=pos2, slots2=slots2,
+                                                                qsl=qsl, ttr=ttr, ring=ring: _ours().fused_save_compress_norm(
+                    kv2, pos2, ring, slots2, qsl, ttr, w, 1e-6, 2, out))
     return ops
+
+
+def _ours():
+    """This package (dsv4_kvcache), imported on first use."""
+    import dsv4_kvcache
+
+    return dsv4_kvcache
 
 
 def cr2_inputs(T, reqs, g, dev, cap=2):
@@ -141,6 +161,10 @@ def main():
     ap.add_argument("--copy-gib", default="1,2")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="run each op once, no timing (CPU/interpreter)")
+    ap.add_argument("--ours", action="store_true",
+                    help="time this package's compressor on the peers' tensors too (rows 'ours ...')")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every op of a T this many times, reversing the order each round; keep the best")
     ap.add_argument("--tune-warps", action="store_true",
                     help="time the compressor peers at every num_warps of own_baselines.TUNE_WARPS and report the best")
     args = ap.parse_args()
@@ -168,23 +192,28 @@ def main():
     kinds = {}
     errors = {}
     for T in tokens:
-        ops = build_ops(T, dev, not args.no_baselines, args.tune_warps)
-        for label, (kind, fn) in ops.items():
-            kinds[label] = kind
-            try:
-                if args.smoke:
-                    fn()
-                    us = float("nan")
-                else:
-                    us, _ = time_graph(fn)
-            except Exception as e:  # a failing op is reported, the others still run
-                if kind == "seed":
-                    raise
-                errors.setdefault(label, f"T={T}: {e!r}")
-                traceback.print_exc()
-                continue
-            results.setdefault(label, {})[T] = us
-            print(f"  {label:40s} T={T:6d}  {us:9.2f} us", flush=True)
+        ops = build_ops(T, dev, not args.no_baselines, args.tune_warps, args.ours)
+        order = list(ops.items())
+        for rnd in range(max(args.rounds, 1)):
+            for label, (kind, fn) in order if rnd % 2 == 0 else order[::-1]:
+                kinds[label] = kind
+                if label in errors:
+                    continue
+                try:
+                    if args.smoke:
+                        fn()
+                        us = float("nan")
+                    else:
+                        us, _ = time_graph(fn)
+                except Exception as e:  # a failing op is reported, the others still run
+                    if kind == "seed":
+                        raise
+                    errors.setdefault(label, f"T={T}: {e!r}")
+                    traceback.print_exc()
+                    continue
+                best = results.setdefault(label, {}).get(T)
+                results[label][T] = us if best is None or not us >= best else best
+                print(f"  {label:40s} T={T:6d}  {us:9.2f} us (round {rnd})", flush=True)
         del ops
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -224,7 +253,7 @@ def main():
     lines.append("| op \\ tokens T | " + " | ".join(str(t) for t in tokens) + " |")
     lines.append("| --- |" + " --- |" * len(tokens))
     for label, row in results.items():
-        name = label if kinds[label] == "seed" else label + " [own Triton baseline written from the spec]"
+        name = label if kinds[label] in ("seed", "ours") else label + " [own Triton baseline written from the spec]"
         cells = [("%.2f" % row[t]) if t in row else "-" for t in tokens]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
