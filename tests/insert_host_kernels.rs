@@ -69,14 +69,6 @@ fn run_host(exe: &PathBuf, case: &Case, plan: &InsertPlan, launch: &Launch) -> H
     let cache = need(&case.kv_cache, "kv_cache", case);
     let fp8 = case.fp8_scale.as_ref();
     let empty = Vec::new();
-    let bufs: [&Vec<u8>; 6] = [
-        &latent.bytes,
-        &positions.bytes,
-        &case.slot_mapping.bytes,
-        &cos.bytes,
-        &cache.bytes,
-        fp8.map_or(&empty, |b| &b.bytes),
-    ];
     if plan.n == 0 {
         return HostRun {
             cache: cache.bytes.clone(),
@@ -84,19 +76,16 @@ fn run_host(exe: &PathBuf, case: &Case, plan: &InsertPlan, launch: &Launch) -> H
             kernel: None,
         };
     }
-    let id = host_kernels::buffer_ptr;
-    let ptrs = InsertPtrs {
-        latent: id(0),
-        positions: id(1),
-        slots: id(2),
-        cos_sin: id(3),
-        cache: id(4),
-        fp8_scale: id(5),
-        counters: 0,
-    };
+    let (bufs, ptrs) = host_kernels::bind!(InsertPtrs {
+        latent: &latent.bytes,
+        positions: &positions.bytes,
+        slots: &case.slot_mapping.bytes,
+        cos_sin: &cos.bytes,
+        cache: &cache.bytes,
+        fp8_scale: fp8.map_or(&empty, |b| &b.bytes),
+    });
     let params = insert_params(plan, &ptrs, case.kind.sanitize).with_geometry(&launch.geometry);
     let name = launch.kernel.name();
-    let bufs: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
     let mut run = host_kernels::run(exe, &bufs, &params, name, &launch.geometry, &case.name);
     HostRun {
         cache: run.bufs.swap_remove(4),

@@ -356,6 +356,17 @@ pub unsafe extern "C" fn hipcudaCounters(out: *mut u64, n: usize) -> usize {
     c.len()
 }
 
+/// Test control: the names of [`hipcudaCounters`]' values, in order,
+/// separated by spaces (a NUL-terminated string that lives as long as the
+/// library), so that tests read the list rather than repeat it.
+#[no_mangle]
+pub extern "C" fn hipcudaCounterNames() -> *const c_char {
+    static NAMES: OnceLock<Vec<u8>> = OnceLock::new();
+    NAMES
+        .get_or_init(|| format!("{}\0", COUNTER_NAMES.join(" ")).into_bytes())
+        .as_ptr() as *const c_char
+}
+
 /// Test control: `spec` is `device=mi300x|mi355x|mi210`, `fault=...` (see
 /// [`faults`]) or `fault=none`; several separated by `;`. Returns 0, or -1
 /// (and prints why) for a spec it does not understand.
