@@ -190,7 +190,9 @@ fn f32_rows_mutations(
         m(format!("{arg} row stride {misaligned}"), arg, move |c| {
             row_stride(get(c), misaligned)
         }),
-        m(format!("{arg} past the end"), arg, move |c| past_end(get(c))),
+        m(format!("{arg} past the end"), arg, move |c| {
+            past_end(get(c))
+        }),
     ]
 }
 
