@@ -18,8 +18,8 @@ mod common;
 mod host_kernels;
 
 use common::{
-    adversarial_cases, all_kinds, insert_case, random_case, random_insert_spec, run_case_mut, Buf,
-    Case, Geo, Kind, Prng,
+    adversarial_cases, all_kinds, insert_case, mixed_kinds, random_case, random_insert_spec,
+    run_case_mut, Buf, Case, Geo, Kind, Prng,
 };
 use dsv4_kvcache::kernel_abi::{insert_params, InsertPtrs, KernelParams};
 use dsv4_kvcache::launch::Launch;
@@ -122,17 +122,12 @@ fn host_built_insert_kernels_match_the_reference() {
         Err(why) => return host_kernels::skipped(&format!("insert host kernels: {why}")),
     };
     let mut cases = Vec::new();
-    for (k, kind) in host_kinds().into_iter().enumerate() {
-        for mix in 0..4u64 {
-            let mut kind = kind;
-            kind.special_values = mix & 1 == 1;
-            kind.wild_indices = mix & 2 == 2;
-            for i in 0..3u64 {
-                cases.push(random_case((k as u64) << 32 | mix << 16 | i, kind));
-            }
-            let n = [37, 130, 301][(k + mix as usize) % 3];
-            cases.push(long_case((k as u64) << 32 | mix << 16 | 0xff, kind, n));
+    for m in mixed_kinds(host_kinds()) {
+        for i in 0..3u64 {
+            cases.push(random_case(m.seed(i), m.kind));
         }
+        let n = [37, 130, 301][(m.index + m.mix as usize) % 3];
+        cases.push(long_case(m.seed(0xff), m.kind, n));
     }
     cases.extend(
         adversarial_cases()

@@ -54,7 +54,9 @@ pub fn buffer_ptr(i: u64) -> u64 {
 
 /// A launch's buffers and its pointer block from one list of `field:
 /// buffer` pairs: the buffers in the order listed, each field pointing at
-/// its own ([`buffer_ptr`]), the skip counters at none.
+/// its own ([`buffer_ptr`]), the skip counters at none. (The fused
+/// harness shares buffers between two blocks and lists them itself.)
+#[allow(unused_macros)]
 macro_rules! bind {
     ($block:ident { $($field:ident: $buf:expr),* $(,)? }) => {{
         let mut bufs: Vec<&[u8]> = Vec::new();
@@ -68,6 +70,7 @@ macro_rules! bind {
         (bufs, block)
     }};
 }
+#[allow(unused_imports)]
 pub(crate) use bind;
 
 /// Every buffer after a launch, and its skip counts.
