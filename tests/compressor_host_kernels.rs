@@ -18,7 +18,7 @@ mod common;
 #[path = "host_kernels/mod.rs"]
 mod host_kernels;
 
-use common::{adversarial_cases, all_kinds, random_case, run_case_mut, Buf, Case};
+use common::{adversarial_cases, all_kinds, mixed_kinds, random_case, run_case_mut, Buf, Case};
 use dsv4_kvcache::kernel_abi::{
     compress_params, fused_params, CompressPtrs, InsertPtrs, KernelParams,
 };
@@ -204,13 +204,8 @@ fn host_built_compressor_kernels_match_the_reference() {
         .filter(|k| matches!(k.op, Op::FusedSaveCompressNorm | Op::FusedCompressInsert))
         .filter(|k| k.sanitize == k.index_i64)
         .collect();
-    for (k, kind) in kinds.into_iter().enumerate() {
-        for mix in 0..4u64 {
-            let mut kind = kind;
-            kind.special_values = mix & 1 == 1;
-            kind.wild_indices = mix & 2 == 2;
-            cases.push(random_case((k as u64) << 32 | mix << 16 | 0xc0, kind));
-        }
+    for m in mixed_kinds(kinds) {
+        cases.push(random_case(m.seed(0xc0), m.kind));
     }
     cases.extend(adversarial_cases().into_iter().filter(|c| {
         matches!(

@@ -211,7 +211,12 @@ fn run_case<S>(
         prev_rows: None,
         prev_row_indices: None,
     })?;
-    insert(InsertArgs {
+    insert(insert_args(x))
+}
+
+/// The insert of the compressor's latent.
+fn insert_args<S>(x: &mut Bufs<S>) -> InsertArgs<'_, S> {
+    InsertArgs {
         latent: Tensor::new(&x.latent, desc(DType::BF16, &[N, 512])),
         positions: Tensor::new(&x.positions, desc(DType::I32, &[N])),
         cos_sin_cache: Tensor::new(&x.cos_sin, desc(DType::F32, &[MAX_POS, 64])),
@@ -225,7 +230,7 @@ fn run_case<S>(
         slot_mapping: Tensor::new(&x.cache_slots, desc(DType::I32, &[N])),
         compress_ratio: 2,
         fp8_scale: None,
-    })
+    }
 }
 
 fn run_on<B: Backend>(b: &B, x: &mut Bufs<B::Buffer>) -> Result<()> {
@@ -340,31 +345,9 @@ fn graph_replay_matches_eager_and_cpu() -> Result<()> {
     assert_eq!(gpu.take_skip_counts()?, want_counts, "raw API skip counts");
 
     // A raw pointer that is not aligned is refused before anything runs.
-    let mut bad = raw_of(&x.cache);
-    bad.ptr += 8;
-    let err = unsafe {
-        gpu.rope_quant_insert_raw(
-            &InsertArgs {
-                latent: Tensor::new(&raw.latent, desc(DType::BF16, &[N, 512])),
-                positions: Tensor::new(&raw.positions, desc(DType::I32, &[N])),
-                cos_sin_cache: Tensor::new(&raw.cos_sin, desc(DType::F32, &[MAX_POS, 64])),
-                kv_cache: TensorMut::new(
-                    &mut bad,
-                    desc(
-                        DType::U8,
-                        &[CACHE_BLOCKS, CACHE_BLOCK_SIZE, LAYOUT.record_bytes()],
-                    ),
-                ),
-                slot_mapping: Tensor::new(&raw.cache_slots, desc(DType::I32, &[N])),
-                compress_ratio: 2,
-                fp8_scale: None,
-            },
-            stream,
-            None,
-            false,
-        )
-    }
-    .unwrap_err();
+    raw.cache.ptr += 8;
+    let err = unsafe { gpu.rope_quant_insert_raw(&insert_args(&mut raw), stream, None, false) }
+        .unwrap_err();
     assert!(
         matches!(
             err,

@@ -33,7 +33,7 @@ mod gpu_required;
 mod flips_a_byte;
 use flips_a_byte::{Flip, FlipsAByte};
 
-use common::{adversarial_cases, all_kinds, random_case, run_case_mut, Case, Outputs};
+use common::{adversarial_cases, all_kinds, mixed_kinds, random_case, run_case_mut, Case, Outputs};
 use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
 use dsv4_kvcache::backend::Backend;
 use dsv4_kvcache::{CpuBackend, LaunchPolicy};
@@ -45,15 +45,13 @@ fn cases() -> Vec<(String, Case)> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
     let mut out = Vec::new();
-    for (k, kind) in all_kinds().into_iter().enumerate() {
-        for mix in 0..4u64 {
-            let mut kind = kind;
-            kind.special_values = mix & 1 == 1;
-            kind.wild_indices = mix & 2 == 2;
-            for i in 0..per {
-                let seed = (k as u64) << 32 | mix << 16 | i;
-                out.push((format!("{kind:?} seed {seed:#x}"), random_case(seed, kind)));
-            }
+    for m in mixed_kinds(all_kinds()) {
+        for i in 0..per {
+            let seed = m.seed(i);
+            out.push((
+                format!("{:?} seed {seed:#x}", m.kind),
+                random_case(seed, m.kind),
+            ));
         }
     }
     for (i, c) in adversarial_cases().into_iter().enumerate() {

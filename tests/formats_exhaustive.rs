@@ -33,19 +33,25 @@ fn find_bits(lo: u64, hi: u64, bad: impl Fn(u32) -> bool + Sync) -> Option<u32> 
 
 /// [`find_bits`] on every `step`-th input from `lo`.
 fn find_bits_step(lo: u64, hi: u64, step: u64, bad: impl Fn(u32) -> bool + Sync) -> Option<u32> {
+    bit_chunks(lo, hi, step)
+        .filter_map(|mut c| c.find(|&x| bad(x as u32)).map(|x| x as u32))
+        .min()
+}
+
+/// Every `step`-th input of `lo..hi` (bit patterns, `hi` exclusive), in
+/// chunks of `1 << 20` inputs searched in parallel.
+fn bit_chunks(
+    lo: u64,
+    hi: u64,
+    step: u64,
+) -> impl ParallelIterator<Item = std::iter::StepBy<std::ops::Range<u64>>> {
     const CHUNK: u64 = 1 << 20;
     let chunks = (hi - lo).div_ceil(CHUNK * step);
-    (0..chunks)
-        .into_par_iter()
-        .filter_map(|k| {
-            let a = lo + k * CHUNK * step;
-            let b = (a + CHUNK * step).min(hi);
-            (a..b)
-                .step_by(step as usize)
-                .map(|x| x as u32)
-                .find(|&x| bad(x))
-        })
-        .min()
+    (0..chunks).into_par_iter().map(move |k| {
+        let a = lo + k * CHUNK * step;
+        let b = (a + CHUNK * step).min(hi);
+        (a..b).step_by(step as usize)
+    })
 }
 
 // ---- BF16 -------------------------------------------------------------------------
@@ -529,15 +535,10 @@ fn exp_ulp_error(x: f32) -> f64 {
 
 /// The worst [`exp_ulp_error`] on every `step`-th f32 of `lo..hi` (bits).
 fn exp_worst(lo: u64, hi: u64, step: u64) -> (f64, u32) {
-    const CHUNK: u64 = 1 << 20;
-    let chunks = (hi - lo).div_ceil(CHUNK * step);
-    (0..chunks)
-        .into_par_iter()
-        .map(|k| {
-            let a = lo + k * CHUNK * step;
-            let b = (a + CHUNK * step).min(hi);
+    bit_chunks(lo, hi, step)
+        .map(|c| {
             let mut worst = (0.0f64, 0u32);
-            for bits in (a..b).step_by(step as usize) {
+            for bits in c {
                 let x = f32::from_bits(bits as u32);
                 let y = exp(x);
                 assert!((0.0..=1.0).contains(&y), "exp({x:e}) = {y:e}");

@@ -42,7 +42,6 @@ fn run_host(
     case: &Case,
     policy: &LaunchPolicy,
 ) -> (Vec<u8>, SkipCounts, Option<&'static str>) {
-    // Buffers, in the order of the pointer fields' ids below.
     let fp8 = case.fp8_scale.unwrap_or(1.0).to_le_bytes().to_vec();
     let mut out = case.canary_out();
     let (slots, table, cu, starts, i64) = match &case.form {
@@ -103,18 +102,15 @@ fn run_host(
     let Some(launch) = gather_launch(policy, plan.cache.layout, plan.n, plan.slot_kernels()) else {
         return (out, SkipCounts::default(), None);
     };
-    let bufs: [&[u8]; 7] = [&case.cache, &slots, &table, &cu, &starts, &fp8, &out];
-    let id = host_kernels::buffer_ptr;
-    let ptrs = GatherPtrs {
-        cache: id(0),
-        slots: id(1),
-        block_table: id(2),
-        cu_seq_lens: id(3),
-        seq_starts: id(4),
-        fp8_scale: id(5),
-        out: id(6),
-        counters: 0,
-    };
+    let (bufs, ptrs) = host_kernels::bind!(GatherPtrs {
+        cache: &case.cache,
+        slots: &slots,
+        block_table: &table,
+        cu_seq_lens: &cu,
+        seq_starts: &starts,
+        fp8_scale: &fp8,
+        out: &out,
+    });
     let params = gather_params(&plan, &ptrs, &launch);
     let kernel = gather_launch_kernel(&plan, &launch);
     let mut run = host_kernels::run(

@@ -13,6 +13,7 @@
 #![cfg(feature = "hip")]
 
 mod common;
+mod maps;
 
 use common::{random_case, run_case, Kind, Op};
 use dsv4_kvcache::backend::hip::HipBackend;
@@ -23,17 +24,20 @@ use dsv4_kvcache::vectors::Op as VOp;
 use dsv4_kvcache::{
     Backend, CpuBackend, DType, Error, IndexValues, RecordLayout, Rows, TouchedRows,
 };
-use std::ffi::{c_char, c_int, CString};
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::io::Write as _;
 
 type Configure = unsafe extern "C" fn(*const c_char) -> c_int;
 type Counters = unsafe extern "C" fn(*mut u64, usize) -> usize;
+type CounterNames = unsafe extern "C" fn() -> *const c_char;
 
 /// The test runtime's control entry points (same library the backend loads:
 /// `dlopen` of the same name returns the same handle).
 struct Shim {
     configure: Configure,
     counters: Counters,
+    /// The counters' names, in order, as the runtime lists them.
+    names: Vec<String>,
     _lib: libloading::Library,
 }
 
@@ -50,9 +54,15 @@ impl Shim {
             let counters = *lib
                 .get::<Counters>(b"hipcudaCounters\0")
                 .map_err(|e| format!("hipcudaCounters: {e}"))?;
+            let names = *lib
+                .get::<CounterNames>(b"hipcudaCounterNames\0")
+                .map_err(|e| format!("hipcudaCounterNames: {e}"))?;
+            // SAFETY: a NUL-terminated string that lives as long as the library.
+            let names = CStr::from_ptr(names()).to_string_lossy();
             Ok(Shim {
                 configure,
                 counters,
+                names: names.split(' ').map(str::to_string).collect(),
                 _lib: lib,
             })
         }
@@ -65,30 +75,12 @@ impl Shim {
     }
 
     /// The counters by name.
-    fn counters(&self) -> std::collections::BTreeMap<&'static str, u64> {
-        const NAMES: &[&str] = &[
-            "allocs",
-            "frees",
-            "bad_frees",
-            "live_allocs",
-            "live_bytes",
-            "modules_loaded",
-            "modules_unloaded",
-            "graphs_created",
-            "graphs_destroyed",
-            "execs_created",
-            "execs_destroyed",
-            "streams_created",
-            "streams_destroyed",
-            "events_created",
-            "events_destroyed",
-            "faults_injected",
-        ];
-        let mut v = vec![0u64; NAMES.len()];
-        // SAFETY: v holds NAMES.len() values.
+    fn counters(&self) -> std::collections::BTreeMap<&str, u64> {
+        let mut v = vec![0u64; self.names.len()];
+        // SAFETY: v holds names.len() values.
         let n = unsafe { (self.counters)(v.as_mut_ptr(), v.len()) };
-        assert_eq!(n, NAMES.len(), "counter list changed");
-        NAMES.iter().copied().zip(v).collect()
+        assert_eq!(n, self.names.len(), "counter names and values differ");
+        self.names.iter().map(String::as_str).zip(v).collect()
     }
 
     /// Everything created has been released.
@@ -473,18 +465,6 @@ impl Current {
     }
 }
 
-/// The shared objects this process has mapped, from /proc/self/maps.
-fn mapped_files() -> Vec<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
-    let mut v: Vec<String> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5).map(str::to_string))
-        .filter(|p| p.starts_with('/'))
-        .collect();
-    v.dedup();
-    v
-}
-
 /// A copy of the runtime loaded from an unusual path before the backend
 /// starts (as ROCm torch loads its own from torch/lib), another copy on the
 /// loader's search path: the backend uses the first and never maps the
@@ -517,10 +497,7 @@ fn preloaded_copy_is_used() {
     // SAFETY: v holds 16 values.
     unsafe { counters(v.as_mut_ptr(), v.len()) };
     assert!(v[0] > 0, "the preloaded copy made no allocation: {v:?}");
-    let hip_copies: Vec<String> = mapped_files()
-        .into_iter()
-        .filter(|f| f.contains("libamdhip64") || f.contains("libhip_on_cuda"))
-        .collect();
+    let hip_copies = maps::mapped_files(&["libamdhip64", "libhip_on_cuda"]);
     assert_eq!(
         hip_copies,
         vec![real.display().to_string()],

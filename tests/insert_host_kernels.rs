@@ -18,8 +18,8 @@ mod common;
 mod host_kernels;
 
 use common::{
-    adversarial_cases, all_kinds, insert_case, random_case, random_insert_spec, run_case_mut, Buf,
-    Case, Geo, Kind, Prng,
+    adversarial_cases, all_kinds, insert_case, mixed_kinds, random_case, random_insert_spec,
+    run_case_mut, Buf, Case, Geo, Kind, Prng,
 };
 use dsv4_kvcache::kernel_abi::{insert_params, InsertPtrs, KernelParams};
 use dsv4_kvcache::launch::Launch;
@@ -69,14 +69,6 @@ fn run_host(exe: &PathBuf, case: &Case, plan: &InsertPlan, launch: &Launch) -> H
     let cache = need(&case.kv_cache, "kv_cache", case);
     let fp8 = case.fp8_scale.as_ref();
     let empty = Vec::new();
-    let bufs: [&Vec<u8>; 6] = [
-        &latent.bytes,
-        &positions.bytes,
-        &case.slot_mapping.bytes,
-        &cos.bytes,
-        &cache.bytes,
-        fp8.map_or(&empty, |b| &b.bytes),
-    ];
     if plan.n == 0 {
         return HostRun {
             cache: cache.bytes.clone(),
@@ -84,19 +76,16 @@ fn run_host(exe: &PathBuf, case: &Case, plan: &InsertPlan, launch: &Launch) -> H
             kernel: None,
         };
     }
-    let id = host_kernels::buffer_ptr;
-    let ptrs = InsertPtrs {
-        latent: id(0),
-        positions: id(1),
-        slots: id(2),
-        cos_sin: id(3),
-        cache: id(4),
-        fp8_scale: id(5),
-        counters: 0,
-    };
+    let (bufs, ptrs) = host_kernels::bind!(InsertPtrs {
+        latent: &latent.bytes,
+        positions: &positions.bytes,
+        slots: &case.slot_mapping.bytes,
+        cos_sin: &cos.bytes,
+        cache: &cache.bytes,
+        fp8_scale: fp8.map_or(&empty, |b| &b.bytes),
+    });
     let params = insert_params(plan, &ptrs, case.kind.sanitize).with_geometry(&launch.geometry);
     let name = launch.kernel.name();
-    let bufs: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
     let mut run = host_kernels::run(exe, &bufs, &params, name, &launch.geometry, &case.name);
     HostRun {
         cache: run.bufs.swap_remove(4),
@@ -133,17 +122,12 @@ fn host_built_insert_kernels_match_the_reference() {
         Err(why) => return host_kernels::skipped(&format!("insert host kernels: {why}")),
     };
     let mut cases = Vec::new();
-    for (k, kind) in host_kinds().into_iter().enumerate() {
-        for mix in 0..4u64 {
-            let mut kind = kind;
-            kind.special_values = mix & 1 == 1;
-            kind.wild_indices = mix & 2 == 2;
-            for i in 0..3u64 {
-                cases.push(random_case((k as u64) << 32 | mix << 16 | i, kind));
-            }
-            let n = [37, 130, 301][(k + mix as usize) % 3];
-            cases.push(long_case((k as u64) << 32 | mix << 16 | 0xff, kind, n));
+    for m in mixed_kinds(host_kinds()) {
+        for i in 0..3u64 {
+            cases.push(random_case(m.seed(i), m.kind));
         }
+        let n = [37, 130, 301][(m.index + m.mix as usize) % 3];
+        cases.push(long_case(m.seed(0xff), m.kind, n));
     }
     cases.extend(
         adversarial_cases()

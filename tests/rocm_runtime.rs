@@ -15,6 +15,8 @@
 
 #![cfg(feature = "hip")]
 
+mod maps;
+
 use dsv4_kvcache::backend::hip::{probe, HipBackend, HipDriver};
 use dsv4_kvcache::Error;
 use std::io::Write as _;
@@ -202,19 +204,6 @@ fn info_reports_no_amd_gpu_through_the_real_runtime() {
     );
 }
 
-/// The shared objects this process has mapped, from /proc/self/maps.
-fn mapped_files() -> Vec<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
-    let mut v: Vec<String> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5).map(str::to_string))
-        .filter(|p| p.starts_with('/'))
-        .collect();
-    v.sort();
-    v.dedup();
-    v
-}
-
 /// As ROCm torch does: a copy of the runtime loaded from its own folder
 /// (here `.../torch/lib/libamdhip64.so.6`) before the backend starts, while
 /// the search path has another. The backend uses the loaded copy, names it,
@@ -241,10 +230,7 @@ fn preloaded_copy_from_an_unusual_path_is_used() {
             reason.contains(&format!("{copy} (already loaded)")),
             "the backend did not use {copy}: {reason}"
         );
-        let hip: Vec<String> = mapped_files()
-            .into_iter()
-            .filter(|f| f.contains("libamdhip64"))
-            .collect();
+        let hip = maps::mapped_files(&["libamdhip64"]);
         assert_eq!(hip, vec![copy], "more than one HIP runtime is mapped");
         return;
     }

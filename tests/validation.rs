@@ -161,10 +161,39 @@ fn f32_scalar(shape: &[usize]) -> Buf {
     )
 }
 
-type Mutation = (&'static str, &'static str, Box<dyn Fn(&mut Case)>);
+type Mutation = (String, &'static str, Box<dyn Fn(&mut Case)>);
 
-fn m(what: &'static str, arg: &'static str, f: impl Fn(&mut Case) + 'static) -> Mutation {
-    (what, arg, Box::new(f))
+fn m(what: impl Into<String>, arg: &'static str, f: impl Fn(&mut Case) + 'static) -> Mutation {
+    (what.into(), arg, Box::new(f))
+}
+
+/// The views every F32 row tensor (`kv_score`, `prev_rows`, `rows`)
+/// refuses: BF16 elements, rows `width` wide, inner stride 2, rows
+/// `misaligned` elements apart (not 16-byte aligned), and a buffer one byte
+/// short.
+fn f32_rows_mutations(
+    arg: &'static str,
+    get: fn(&mut Case) -> &mut Buf,
+    width: usize,
+    misaligned: usize,
+) -> Vec<Mutation> {
+    vec![
+        m(format!("{arg} BF16"), arg, move |c| {
+            with_dtype(get(c), DType::BF16)
+        }),
+        m(format!("{arg} width {width}"), arg, move |c| {
+            with_width(get(c), width, width)
+        }),
+        m(format!("{arg} inner stride 2"), arg, move |c| {
+            inner_stride_2(get(c))
+        }),
+        m(format!("{arg} row stride {misaligned}"), arg, move |c| {
+            row_stride(get(c), misaligned)
+        }),
+        m(format!("{arg} past the end"), arg, move |c| {
+            past_end(get(c))
+        }),
+    ]
 }
 
 fn kv(c: &mut Case) -> &mut Buf {
@@ -250,26 +279,12 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
         m("compress_ratio 3", "compress_ratio", |c| {
             c.compress_ratio = 3
         }),
-        m("kv_score BF16", "kv_score", |c| {
-            with_dtype(kv(c), DType::BF16)
-        }),
         m("kv_score I32", "kv_score", |c| {
             with_dtype(kv(c), DType::I32)
-        }),
-        m("kv_score wrong width", "kv_score", move |c| {
-            with_width(kv(c), other_w, other_w)
         }),
         m("kv_score width 600", "kv_score", |c| {
             with_width(kv(c), 600, 608)
         }),
-        m("kv_score inner stride 2", "kv_score", |c| {
-            inner_stride_2(kv(c))
-        }),
-        m(
-            "kv_score row stride not a multiple of 16",
-            "kv_score",
-            move |c| row_stride(kv(c), w + 8),
-        ),
         m(
             "kv_score row stride overlapping rows",
             "kv_score",
@@ -282,7 +297,6 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
         m("kv_score offset not 16-aligned", "kv_score", |c| {
             with_offset(kv(c), 8)
         }),
-        m("kv_score past the end", "kv_score", |c| past_end(kv(c))),
         m("N above kv_score rows", "kv_score", move |c| {
             let n = c.n();
             let s = kv(c).desc.strides()[0];
@@ -367,6 +381,9 @@ fn compress_mutations(cr: u32) -> Vec<Mutation> {
             past_end(lat(c))
         }),
     ]
+    .into_iter()
+    .chain(f32_rows_mutations("kv_score", kv, other_w, w + 8))
+    .collect()
 }
 
 fn cr2_mutations() -> Vec<Mutation> {
@@ -452,21 +469,6 @@ fn prev_mutations() -> Vec<Mutation> {
         c.prev_row_indices.as_mut().expect("prev_row_indices")
     }
     vec![
-        m("prev_rows BF16", "prev_rows", |c| {
-            with_dtype(pr(c), DType::BF16)
-        }),
-        m("prev_rows width 512", "prev_rows", |c| {
-            with_width(pr(c), 512, 512)
-        }),
-        m("prev_rows inner stride 2", "prev_rows", |c| {
-            inner_stride_2(pr(c))
-        }),
-        m(
-            "prev_rows row stride not a multiple of 16",
-            "prev_rows",
-            |c| row_stride(pr(c), 1030),
-        ),
-        m("prev_rows past the end", "prev_rows", |c| past_end(pr(c))),
         m(
             "prev_row_indices shorter than num_reqs",
             "prev_row_indices",
@@ -482,6 +484,9 @@ fn prev_mutations() -> Vec<Mutation> {
             index_stride_2(pi(c))
         }),
     ]
+    .into_iter()
+    .chain(f32_rows_mutations("prev_rows", pr, 512, 1030))
+    .collect()
 }
 
 /// Mutations of the insert's table and cache (shared with the fused op).
@@ -675,16 +680,9 @@ fn ring_mutations() -> Vec<Mutation> {
         c.rows.as_mut().expect("rows")
     }
     vec![
-        m("rows BF16", "rows", |c| with_dtype(rows(c), DType::BF16)),
-        m("rows width 512", "rows", |c| with_width(rows(c), 512, 512)),
-        m("rows inner stride 2", "rows", |c| inner_stride_2(rows(c))),
-        m("rows row stride not a multiple of 4", "rows", |c| {
-            row_stride(rows(c), 1026)
-        }),
         m("rows row stride overlapping", "rows", |c| {
             row_stride(rows(c), 1020)
         }),
-        m("rows past the end", "rows", |c| past_end(rows(c))),
         m("rows offset 8", "rows", |c| with_offset(rows(c), 8)),
         m("slot_mapping shorter than rows", "slot_mapping", |c| {
             let n = c.n();
@@ -704,6 +702,7 @@ fn ring_mutations() -> Vec<Mutation> {
         ),
     ]
     .into_iter()
+    .chain(f32_rows_mutations("rows", rows, 512, 1026))
     .chain(ring_cache_mutations())
     .collect()
 }

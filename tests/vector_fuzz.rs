@@ -37,45 +37,40 @@ fn grow(n: usize) {
     PEAK.fetch_max(live, Relaxed);
 }
 
+/// An allocation of `size` bytes by `f` (through `System`), counted; null
+/// above [`REFUSE_ABOVE`], with the size kept as the peak.
+fn counted(size: usize, f: impl FnOnce() -> *mut u8) -> *mut u8 {
+    if size > REFUSE_ABOVE {
+        PEAK.fetch_max(size, Relaxed);
+        return std::ptr::null_mut();
+    }
+    let p = f();
+    if !p.is_null() {
+        grow(size);
+    }
+    p
+}
+
 // SAFETY: forwards to `System`, only counting sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if l.size() > REFUSE_ABOVE {
-            PEAK.fetch_max(l.size(), Relaxed);
-            return std::ptr::null_mut();
-        }
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            grow(l.size());
-        }
-        p
+        counted(l.size(), || unsafe { System.alloc(l) })
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        if l.size() > REFUSE_ABOVE {
-            PEAK.fetch_max(l.size(), Relaxed);
-            return std::ptr::null_mut();
-        }
-        let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            grow(l.size());
-        }
-        p
+        counted(l.size(), || unsafe { System.alloc_zeroed(l) })
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         unsafe { System.dealloc(p, l) };
         LIVE.fetch_sub(l.size(), Relaxed);
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if new > REFUSE_ABOVE {
-            PEAK.fetch_max(new, Relaxed);
-            return std::ptr::null_mut();
-        }
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            LIVE.fetch_sub(l.size(), Relaxed);
-            grow(new);
-        }
-        q
+        counted(new, || {
+            let q = unsafe { System.realloc(p, l, new) };
+            if !q.is_null() {
+                LIVE.fetch_sub(l.size(), Relaxed);
+            }
+            q
+        })
     }
 }
 

@@ -142,6 +142,14 @@ fn ok(r: cu::CUresult) -> HipError {
     }
 }
 
+/// `r`, a success counted in `counter` (what was created or destroyed).
+fn count(r: HipError, counter: &AtomicU64) -> HipError {
+    if r == SUCCESS {
+        counter.fetch_add(1, Relaxed);
+    }
+    r
+}
+
 /// Process-wide state: the primary context of each HIP device, and the
 /// CUDA device each stands for (`HIPCUDA_DEVICE_COUNT=N` reports N devices,
 /// device i on CUDA device i mod the real count, so one GPU can test code
@@ -354,6 +362,17 @@ pub unsafe extern "C" fn hipcudaCounters(out: *mut u64, n: usize) -> usize {
         }
     }
     c.len()
+}
+
+/// Test control: the names of [`hipcudaCounters`]' values, in order,
+/// separated by spaces (a NUL-terminated string that lives as long as the
+/// library), so that tests read the list rather than repeat it.
+#[no_mangle]
+pub extern "C" fn hipcudaCounterNames() -> *const c_char {
+    static NAMES: OnceLock<Vec<u8>> = OnceLock::new();
+    NAMES
+        .get_or_init(|| format!("{}\0", COUNTER_NAMES.join(" ")).into_bytes())
+        .as_ptr() as *const c_char
 }
 
 /// Test control: `spec` is `device=mi300x|mi355x|mi210`, `fault=...` (see
@@ -580,19 +599,11 @@ entry!(hipStreamCreate(stream: *mut *mut c_void) {
     if stream.is_null() {
         return INVALID_VALUE;
     }
-    let r = ok(cu::cuStreamCreate(stream as *mut cu::CUstream, 0));
-    if r == SUCCESS {
-        STREAMS_CREATED.fetch_add(1, Relaxed);
-    }
-    r
+    count(ok(cu::cuStreamCreate(stream as *mut cu::CUstream, 0)), &STREAMS_CREATED)
 });
 
 entry!(hipStreamDestroy(stream: *mut c_void) {
-    let r = ok(cu::cuStreamDestroy_v2(stream as cu::CUstream));
-    if r == SUCCESS {
-        STREAMS_DESTROYED.fetch_add(1, Relaxed);
-    }
-    r
+    count(ok(cu::cuStreamDestroy_v2(stream as cu::CUstream)), &STREAMS_DESTROYED)
 });
 
 entry!(hipStreamSynchronize(stream: *mut c_void) {
@@ -608,19 +619,11 @@ entry!(hipEventCreate(event: *mut *mut c_void) {
     if event.is_null() {
         return INVALID_VALUE;
     }
-    let r = ok(cu::cuEventCreate(event as *mut cu::CUevent, 0));
-    if r == SUCCESS {
-        EVENTS_CREATED.fetch_add(1, Relaxed);
-    }
-    r
+    count(ok(cu::cuEventCreate(event as *mut cu::CUevent, 0)), &EVENTS_CREATED)
 });
 
 entry!(hipEventDestroy(event: *mut c_void) {
-    let r = ok(cu::cuEventDestroy_v2(event as cu::CUevent));
-    if r == SUCCESS {
-        EVENTS_DESTROYED.fetch_add(1, Relaxed);
-    }
-    r
+    count(ok(cu::cuEventDestroy_v2(event as cu::CUevent)), &EVENTS_DESTROYED)
 });
 
 entry!(hipEventRecord(event: *mut c_void, stream: *mut c_void) {
@@ -723,19 +726,11 @@ entry!(hipModuleLoadData(module: *mut *mut c_void, image: *const c_void) {
     } else {
         image
     };
-    let r = ok(cu::cuModuleLoadData(module as *mut cu::CUmodule, data));
-    if r == SUCCESS {
-        MODULES_LOADED.fetch_add(1, Relaxed);
-    }
-    r
+    count(ok(cu::cuModuleLoadData(module as *mut cu::CUmodule, data)), &MODULES_LOADED)
 });
 
 entry!(hipModuleUnload(module: *mut c_void) {
-    let r = ok(cu::cuModuleUnload(module as cu::CUmodule));
-    if r == SUCCESS {
-        MODULES_UNLOADED.fetch_add(1, Relaxed);
-    }
-    r
+    count(ok(cu::cuModuleUnload(module as cu::CUmodule)), &MODULES_UNLOADED)
 });
 
 entry!(hipModuleGetFunction(function: *mut *mut c_void, module: *mut c_void, name: *const c_char) {
@@ -831,11 +826,7 @@ entry!(hipGraphInstantiate(
     if !log.is_null() && log_size > 0 {
         *log = 0;
     }
-    let r = ok(cu::cuGraphInstantiateWithFlags(exec as *mut cu::CUgraphExec, graph as cu::CUgraph, 0));
-    if r == SUCCESS {
-        EXECS_CREATED.fetch_add(1, Relaxed);
-    }
-    r
+    count(ok(cu::cuGraphInstantiateWithFlags(exec as *mut cu::CUgraphExec, graph as cu::CUgraph, 0)), &EXECS_CREATED)
 });
 
 entry!(hipGraphLaunch(exec: *mut c_void, stream: *mut c_void) {
@@ -843,17 +834,9 @@ entry!(hipGraphLaunch(exec: *mut c_void, stream: *mut c_void) {
 });
 
 entry!(hipGraphExecDestroy(exec: *mut c_void) {
-    let r = ok(cu::cuGraphExecDestroy(exec as cu::CUgraphExec));
-    if r == SUCCESS {
-        EXECS_DESTROYED.fetch_add(1, Relaxed);
-    }
-    r
+    count(ok(cu::cuGraphExecDestroy(exec as cu::CUgraphExec)), &EXECS_DESTROYED)
 });
 
 entry!(hipGraphDestroy(graph: *mut c_void) {
-    let r = ok(cu::cuGraphDestroy(graph as cu::CUgraph));
-    if r == SUCCESS {
-        GRAPHS_DESTROYED.fetch_add(1, Relaxed);
-    }
-    r
+    count(ok(cu::cuGraphDestroy(graph as cu::CUgraph)), &GRAPHS_DESTROYED)
 });

@@ -9,15 +9,15 @@
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::formats::{bf16_to_f32, f16_to_f32};
-use crate::gather::{gather_reference, plan_gather, GatherArgs, GatherIndex};
+use crate::gather::{gather_reference, plan_gather, GatherArgs};
 use crate::layout::{RecordLayout, DIM};
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, Bound, CachePlan, CompressArgs,
-    CompressPlan, FusedArgs, IndexPlan, InsertArgs, InsertPlan, RingArgs, RingPlan, Role, RowsPlan,
-    SkipCounts,
+    CompressOp, CompressPlan, FusedArgs, FusedOp, GatherOp, IndexPlan, InsertArgs, InsertOp,
+    InsertPlan, Operation, RingArgs, RingOp, RingPlan, Role, RowsPlan, SkipCounts,
 };
 use crate::reference::{encode_record, pool_rows, rms_norm, Record};
-use crate::tensor::{DType, Storage, Tensor, TensorDesc, TensorMut};
+use crate::tensor::{DType, Storage, TensorDesc, TensorMut};
 use rayon::prelude::*;
 use std::sync::Mutex;
 
@@ -489,9 +489,9 @@ fn bind_compress<'a, S: Bytes + ?Sized>(
 }
 
 /// Byte storage the CPU backend computes on: its own `Vec<u8>` buffers, or
-/// caller memory bound as slices by the `*_host` entry points.
-trait Bytes: Storage + AsRef<[u8]> + AsMut<[u8]> {}
-impl<S: Storage + AsRef<[u8]> + AsMut<[u8]> + ?Sized> Bytes for S {}
+/// caller memory bound span by span by the `*_host` entry points.
+trait Bytes: Storage + AsRef<[u8]> + AsMut<[u8]> + Send + Sync {}
+impl<S: Storage + AsRef<[u8]> + AsMut<[u8]> + Send + Sync + ?Sized> Bytes for S {}
 
 // ---- the backend ------------------------------------------------------------
 
@@ -561,6 +561,13 @@ impl CpuBackend {
             let src = p.rows.offset + 4 * i * p.rows.row_stride;
             ring[dst..dst + 4096].copy_from_slice(&rows[src..src + 4096]);
         }
+        self.count(counts);
+        Ok(())
+    }
+
+    fn gather_on<S: Bytes + ?Sized>(&self, a: GatherArgs<'_, S>) -> Result<()> {
+        let p = plan_gather(&a)?;
+        let counts = self.run(|| gather_reference(&p, a));
         self.count(counts);
         Ok(())
     }
@@ -672,10 +679,7 @@ impl Backend for CpuBackend {
     }
 
     fn gather_dequant(&self, a: GatherArgs<'_, Vec<u8>>) -> Result<()> {
-        let p = plan_gather(&a)?;
-        let counts = self.run(|| gather_reference(&p, a));
-        self.count(counts);
-        Ok(())
+        self.gather_on(a)
     }
 
     fn take_skip_counts(&self) -> Result<SkipCounts> {
@@ -712,25 +716,22 @@ impl Storage for RawHost {
 }
 
 /// One view's bytes `[start, end)` in the address space, `None` when empty.
-fn host_span(t: (&RawHost, &TensorDesc)) -> Option<(usize, usize)> {
-    let (b, d) = t;
-    let end = d.end_byte()? as usize;
-    (end > d.offset).then(|| (b.ptr as usize + d.offset, b.ptr as usize + end))
+fn host_span(b: &Bound<'_, RawHost>) -> Option<(usize, usize)> {
+    b.buf
+        .filter(|_| b.end > b.offset)
+        .map(|h| (h.ptr as usize + b.offset, h.ptr as usize + b.end))
 }
 
 /// Rejects a written view that shares bytes with any other view of the
 /// operation's tensor table: the CPU backend reads and writes through
 /// separate slices, which must not alias.
 fn host_disjoint(table: &[Bound<'_, RawHost>]) -> Result<()> {
-    let span = |b: &Bound<'_, RawHost>| {
-        b.buf
-            .filter(|_| b.end > b.offset)
-            .map(|h| (h.ptr as usize + b.offset, h.ptr as usize + b.end))
-    };
     for w in table.iter().filter(|b| b.role == Role::Written) {
-        let Some((a0, a1)) = span(w) else { continue };
+        let Some((a0, a1)) = host_span(w) else {
+            continue;
+        };
         for o in table.iter().filter(|o| o.arg != w.arg) {
-            if let Some((b0, b1)) = span(o) {
+            if let Some((b0, b1)) = host_span(o) {
                 if a0 < b1 && b0 < a1 {
                     return Err(Error::Value {
                         arg: w.arg,
@@ -743,103 +744,106 @@ fn host_disjoint(table: &[Bound<'_, RawHost>]) -> Result<()> {
     Ok(())
 }
 
-/// The view's bytes as a slice starting at its first byte, and the view
-/// rebased to offset 0.
-///
-/// # Safety
-/// `b` is valid for reads of `desc.end_byte()` bytes (checked by a plan).
-unsafe fn host_slice<'a>(b: &RawHost, desc: &TensorDesc) -> (&'a [u8], TensorDesc) {
-    match host_span((b, desc)) {
-        // SAFETY: the plan checked the view lies within `len` bytes of `ptr`.
-        Some((s, e)) => (
-            unsafe { std::slice::from_raw_parts(s as *const u8, e - s) },
-            desc.with_offset(0),
-        ),
-        // An empty view keeps its shape, so a zero-row batch still passes
-        // the plans' shape checks (the seed returns early on no tokens).
-        None => (&[], desc.with_offset(0)),
+/// One view's bytes of caller memory, from its first byte: the storage the
+/// `*_host` entry points compute on, one per tensor, so that each written
+/// view is borrowed apart from the others (`host_disjoint` ruled out
+/// overlaps).
+struct HostSpan {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a span stands for a `&mut [u8]` of caller memory that outlives
+// it; shared, it hands out shared slices only.
+unsafe impl Send for HostSpan {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for HostSpan {}
+
+impl HostSpan {
+    /// Tensor `b`'s span and its view rebased to offset 0; an empty view
+    /// keeps its shape, so a zero-row batch still passes the plans' shape
+    /// checks (the seed returns early on no tokens).
+    ///
+    /// # Safety
+    /// `b`'s buffer is valid for its view's bytes (checked by a plan) for
+    /// as long as the span is used.
+    unsafe fn bind(b: &Bound<'_, RawHost>) -> Option<(HostSpan, TensorDesc)> {
+        let (ptr, len) =
+            host_span(b).map_or((std::ptr::null_mut(), 0), |(s, e)| (s as *mut u8, e - s));
+        Some((HostSpan { ptr, len }, b.desc?.with_offset(0)))
     }
 }
 
-/// As [`host_slice`], writable.
-///
-/// # Safety
-/// As [`host_slice`], and no other live reference covers these bytes.
-unsafe fn host_slice_mut<'a>(b: &RawHost, desc: &TensorDesc) -> (&'a mut [u8], TensorDesc) {
-    match host_span((b, desc)) {
-        // SAFETY: as in `host_slice`; `host_disjoint` ruled out aliasing.
-        Some((s, e)) => (
-            unsafe { std::slice::from_raw_parts_mut(s as *mut u8, e - s) },
-            desc.with_offset(0),
-        ),
-        None => (&mut [], desc.with_offset(0)),
+impl Storage for HostSpan {
+    fn len_bytes(&self) -> usize {
+        self.len
     }
 }
 
-/// A read-only view of caller memory from its first byte, offset dropped
-/// and shape kept (so an empty view still validates as it did).
-///
-/// # Safety
-/// As [`host_slice`].
-unsafe fn gather_ro<'a>(t: &Tensor<'_, RawHost>) -> Tensor<'a, [u8]> {
-    let bytes: &[u8] = match host_span((t.buf, &t.desc)) {
-        // SAFETY: the plan checked the view lies within `len` bytes of `ptr`.
-        Some((s, e)) => unsafe { std::slice::from_raw_parts(s as *const u8, e - s) },
-        None => &[],
-    };
-    Tensor::new(bytes, t.desc.with_offset(0))
-}
-
-macro_rules! bind_ro {
-    ($t:expr) => {{
-        let (b, d) = host_slice($t.buf, &$t.desc);
-        Tensor::new(b, d)
-    }};
-}
-
-macro_rules! bind_rw {
-    ($t:expr) => {{
-        let (b, d) = host_slice_mut(&*$t.buf, &$t.desc);
-        TensorMut::new(b, d)
-    }};
-}
-
-/// CR1 ignores the ring-side arguments (as the seed does), so they are
-/// neither bound nor checked.
-///
-/// # Safety
-/// As [`CpuBackend::fused_save_compress_norm_host`], after validation.
-unsafe fn bind_compress_host<'a>(a: &CompressArgs<'a, RawHost>) -> CompressArgs<'a, [u8]> {
-    let cr2 = a.compress_ratio == 2;
-    // SAFETY (all binds): validated extents; written views checked disjoint.
-    unsafe {
-        CompressArgs {
-            kv_score: bind_ro!(a.kv_score),
-            positions: bind_ro!(a.positions),
-            state_cache: a.state_cache.as_ref().filter(|_| cr2).map(|t| bind_rw!(t)),
-            slot_mapping: bind_ro!(a.slot_mapping),
-            query_start_loc: a
-                .query_start_loc
-                .as_ref()
-                .filter(|_| cr2)
-                .map(|t| bind_ro!(t)),
-            token_to_req_indices: a
-                .token_to_req_indices
-                .as_ref()
-                .filter(|_| cr2)
-                .map(|t| bind_ro!(t)),
-            rms_norm_weight: bind_ro!(a.rms_norm_weight),
-            rms_norm_eps: a.rms_norm_eps,
-            compress_ratio: a.compress_ratio,
-            latent_out: bind_rw!(a.latent_out),
-            prev_rows: a.prev_rows.as_ref().filter(|_| cr2).map(|t| bind_ro!(t)),
-            prev_row_indices: a
-                .prev_row_indices
-                .as_ref()
-                .filter(|_| cr2)
-                .map(|t| bind_ro!(t)),
+impl AsRef<[u8]> for HostSpan {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
         }
+        // SAFETY: `HostSpan::bind`'s contract: `len` live bytes at `ptr`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
+}
+
+impl AsMut<[u8]> for HostSpan {
+    fn as_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `as_ref`; no other span covers these bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// How the CPU runs each operation, on its own buffers or on caller memory.
+trait Reference: Operation {
+    /// Validates the arguments; the call's token count.
+    fn tokens<S: Storage + ?Sized>(a: &Self::Args<'_, S>) -> Result<usize>;
+    /// Runs the operation, with NaN sanitizing as given where it applies.
+    fn run<S: Bytes + ?Sized>(cpu: &CpuBackend, a: Self::Args<'_, S>, sanitize: bool)
+        -> Result<()>;
+}
+
+/// Implements [`Reference`] from each operation's plan and CPU code.
+macro_rules! reference {
+    ($($op:ty: $plan:ident |$p:ident| $n:expr, |$cpu:ident, $a:ident, $s:ident| $run:expr;)*) => {$(
+        impl Reference for $op {
+            fn tokens<S: Storage + ?Sized>(a: &Self::Args<'_, S>) -> Result<usize> {
+                $plan(a).map(|$p| $n)
+            }
+            fn run<S: Bytes + ?Sized>($cpu: &CpuBackend, $a: Self::Args<'_, S>, $s: bool) -> Result<()> {
+                $run
+            }
+        }
+    )*};
+}
+
+reference! {
+    InsertOp: plan_insert |p| p.n, |cpu, a, sanitize| cpu.insert_on(a, sanitize);
+    CompressOp: plan_compress |p| p.n, |cpu, a, _sanitize| cpu.compress_on(a);
+    RingOp: plan_ring_rows |p| p.n, |cpu, a, _sanitize| cpu.ring_on(a);
+    FusedOp: plan_fused |p| p.compress.n, |cpu, a, sanitize| cpu.fused_on(a, sanitize);
+    GatherOp: plan_gather |p| p.n, |cpu, a, _sanitize| cpu.gather_on(a);
+}
+
+/// One `unsafe` `*_host` entry point (its docs given): the operation `$op`
+/// through [`CpuBackend::host`], with `$sanitize` where it applies.
+macro_rules! host_op {
+    ($($(#[$doc:meta])* $name:ident($op:ty, $args:ident $(, $s:ident: bool)?) => $sanitize:expr;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// See the `impl` block.
+        pub unsafe fn $name(&self, a: &$args<'_, RawHost> $(, $s: bool)?) -> Result<()> {
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { self.host::<$op>(a, $sanitize) }
+        }
+    )*};
 }
 
 /// The CPU backend over caller-owned host memory: the same validation (the
@@ -852,134 +856,43 @@ unsafe fn bind_compress_host<'a>(a: &CompressArgs<'a, RawHost>) -> CompressArgs<
 /// where it backs a written tensor), and nothing else reads or writes those
 /// bytes during the call.
 impl CpuBackend {
-    /// `rope_quant_insert` on caller memory, with NaN sanitizing as given.
-    ///
-    /// # Safety
-    /// See the `impl` block.
-    pub unsafe fn rope_quant_insert_host(
-        &self,
-        a: &InsertArgs<'_, RawHost>,
-        sanitize: bool,
-    ) -> Result<()> {
-        plan_insert(a)?;
-        host_disjoint(&a.tensors().list())?;
-        // SAFETY: validated extents; the written view is disjoint from the rest.
-        let bound = unsafe {
-            InsertArgs {
-                latent: bind_ro!(a.latent),
-                positions: bind_ro!(a.positions),
-                cos_sin_cache: bind_ro!(a.cos_sin_cache),
-                kv_cache: bind_rw!(a.kv_cache),
-                slot_mapping: bind_ro!(a.slot_mapping),
-                compress_ratio: a.compress_ratio,
-                fp8_scale: a.fp8_scale.as_ref().map(|t| bind_ro!(t)),
-            }
-        };
-        self.insert_on(bound, sanitize)
+    host_op! {
+        /// `rope_quant_insert` on caller memory, with NaN sanitizing as given.
+        rope_quant_insert_host(InsertOp, InsertArgs, sanitize: bool) => sanitize;
+        /// `fused_save_compress_norm` on caller memory.
+        fused_save_compress_norm_host(CompressOp, CompressArgs) => false;
+        /// `save_ring_rows` on caller memory.
+        save_ring_rows_host(RingOp, RingArgs) => false;
+        /// `gather_dequant` on caller memory.
+        gather_dequant_host(GatherOp, GatherArgs) => false;
+        /// The fused compress + insert on caller memory, with NaN sanitizing as
+        /// given.
+        fused_compress_insert_host(FusedOp, FusedArgs, sanitize: bool) => sanitize;
     }
 
-    /// `fused_save_compress_norm` on caller memory.
+    /// The `*_host` entry points after their arguments: the plan over the
+    /// caller's views, no written view overlapping another, and for a call
+    /// with tokens, the operation's table bound span by span (the tensors
+    /// the call uses only: CR1 ignores the ring-side arguments, as the seed
+    /// does, so they are neither bound nor checked) and run as on the safe
+    /// API.
     ///
     /// # Safety
-    /// See the `impl` block.
-    pub unsafe fn fused_save_compress_norm_host(
-        &self,
-        a: &CompressArgs<'_, RawHost>,
-    ) -> Result<()> {
-        plan_compress(a)?;
-        host_disjoint(&a.tensors().list())?;
-        // SAFETY: validated, disjoint.
-        self.compress_on(unsafe { bind_compress_host(a) })
-    }
-
-    /// `save_ring_rows` on caller memory.
-    ///
-    /// # Safety
-    /// See the `impl` block.
-    pub unsafe fn save_ring_rows_host(&self, a: &RingArgs<'_, RawHost>) -> Result<()> {
-        plan_ring_rows(a)?;
-        host_disjoint(&a.tensors().list())?;
-        // SAFETY: validated, disjoint.
-        let bound = unsafe {
-            RingArgs {
-                rows: bind_ro!(a.rows),
-                slot_mapping: bind_ro!(a.slot_mapping),
-                state_cache: bind_rw!(a.state_cache),
-            }
-        };
-        self.ring_on(bound)
-    }
-
-    /// `gather_dequant` on caller memory.
-    ///
-    /// # Safety
-    /// See the `impl` block.
-    pub unsafe fn gather_dequant_host(&self, a: &GatherArgs<'_, RawHost>) -> Result<()> {
-        let p = plan_gather(a)?;
-        host_disjoint(&a.tensors().list())?;
-        // SAFETY: validated, disjoint. Each view is bound from its first
-        // byte with its offset dropped (empty views keep their shape), so
-        // the plan is made again over the bound slices.
-        let bound = unsafe {
-            GatherArgs {
-                kv_cache: gather_ro(&a.kv_cache),
-                index: match &a.index {
-                    GatherIndex::Slots { slot_mapping } => GatherIndex::Slots {
-                        slot_mapping: gather_ro(slot_mapping),
-                    },
-                    GatherIndex::BlockTable {
-                        block_table,
-                        cu_seq_lens,
-                        seq_starts,
-                    } => GatherIndex::BlockTable {
-                        block_table: gather_ro(block_table),
-                        cu_seq_lens: gather_ro(cu_seq_lens),
-                        seq_starts: seq_starts.as_ref().map(|s| gather_ro(s)),
-                    },
-                },
-                fp8_scale: a.fp8_scale.as_ref().map(|f| gather_ro(f)),
-                out: {
-                    let (b, d) = (&*a.out.buf, a.out.desc);
-                    let bytes: &mut [u8] = match host_span((b, &d)) {
-                        Some((s, e)) => std::slice::from_raw_parts_mut(s as *mut u8, e - s),
-                        None => &mut [],
-                    };
-                    TensorMut::new(bytes, d.with_offset(0))
-                },
-            }
-        };
-        if p.n == 0 {
+    /// As for the `*_host` functions.
+    unsafe fn host<O: Reference>(&self, a: &O::Args<'_, RawHost>, sanitize: bool) -> Result<()> {
+        let n = O::tokens(a)?;
+        let t = O::tensors(a);
+        host_disjoint(&O::list(&t))?;
+        if n == 0 {
             return Ok(());
         }
-        let p = plan_gather(&bound)?;
-        let counts = self.run(|| gather_reference(&p, bound));
-        self.count(counts);
-        Ok(())
-    }
-
-    /// The fused compress + insert on caller memory, with NaN sanitizing as
-    /// given.
-    ///
-    /// # Safety
-    /// See the `impl` block.
-    pub unsafe fn fused_compress_insert_host(
-        &self,
-        a: &FusedArgs<'_, RawHost>,
-        sanitize: bool,
-    ) -> Result<()> {
-        plan_fused(a)?;
-        host_disjoint(&a.tensors().list())?;
-        // SAFETY: validated, disjoint.
-        let bound = unsafe {
-            FusedArgs {
-                compress: bind_compress_host(&a.compress),
-                skip_latent_out: a.skip_latent_out,
-                cos_sin_cache: bind_ro!(a.cos_sin_cache),
-                kv_cache: bind_rw!(a.kv_cache),
-                cache_slot_mapping: bind_ro!(a.cache_slot_mapping),
-                fp8_scale: a.fp8_scale.as_ref().map(|t| bind_ro!(t)),
-            }
-        };
-        self.fused_on(bound, sanitize)
+        // SAFETY: validated extents, written views disjoint; the spans
+        // live until the run returns.
+        let mut spans = O::map(t, |_, b| unsafe { HostSpan::bind(&b) });
+        let table = O::map(O::as_mut(&mut spans), |_, s| {
+            s.as_mut().map(|(h, d)| TensorMut::new(h, *d))
+        });
+        let args = O::from_table(table, O::scalars(a))?;
+        O::run(self, args, sanitize)
     }
 }

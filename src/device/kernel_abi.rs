@@ -419,7 +419,7 @@ pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertPa
 
 /// `log2(rows)` for a power of two, else -1: the kernels find a slot's page
 /// (or ring block) and row with a shift and a mask, or else divide.
-fn pow2_shift(rows: usize) -> i32 {
+pub(crate) fn pow2_shift(rows: usize) -> i32 {
     if rows.is_power_of_two() {
         rows.trailing_zeros() as i32
     } else {

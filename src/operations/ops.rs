@@ -308,6 +308,23 @@ pub(crate) fn shape_err(arg: &'static str, problem: String) -> Error {
     Error::Shape { arg, problem }
 }
 
+/// The [`Error::Shape`] for a view not of the `expected` form, naming its
+/// shape and strides.
+pub(crate) fn view_err(
+    arg: &'static str,
+    expected: impl std::fmt::Display,
+    d: &TensorDesc,
+) -> Error {
+    shape_err(
+        arg,
+        format!(
+            "{expected}, got shape {:?} strides {:?}",
+            d.shape(),
+            d.strides()
+        ),
+    )
+}
+
 pub(crate) fn extent<S: Storage + ?Sized>(
     arg: &'static str,
     buf: &S,
@@ -327,18 +344,30 @@ pub(crate) fn extent<S: Storage + ?Sized>(
     Ok(())
 }
 
+/// A request-offsets tensor (`query_start_loc`, `cu_seq_lens`) into its
+/// plan: `num_reqs + 1` entries, at most [`MAX_TOKENS`] requests.
+pub(crate) fn offsets<S: Storage + ?Sized>(
+    s: &'static Spec,
+    t: &Tensor<'_, S>,
+) -> Result<IndexPlan> {
+    let o = index(s, t)?;
+    if o.len == 0 || o.len - 1 > MAX_TOKENS {
+        return Err(shape_err(
+            s.arg,
+            format!(
+                "has {} entries; needs num_reqs + 1 with 0 <= num_reqs <= {MAX_TOKENS}",
+                o.len
+            ),
+        ));
+    }
+    Ok(o)
+}
+
 pub(crate) fn index<S: Storage + ?Sized>(s: &'static Spec, t: &Tensor<'_, S>) -> Result<IndexPlan> {
     let (arg, d) = (s.arg, &t.desc);
     s.dtype(d)?;
     if d.rank() != 1 || !d.is_contiguous() {
-        return Err(shape_err(
-            arg,
-            format!(
-                "must be 1-D and contiguous, got shape {:?} strides {:?}",
-                d.shape(),
-                d.strides()
-            ),
-        ));
+        return Err(view_err(arg, "must be 1-D and contiguous", d));
     }
     s.aligned(d)?;
     extent(arg, t.buf, d)?;
@@ -361,13 +390,10 @@ pub(crate) fn rows<S: Storage + ?Sized>(
     let arg = s.arg;
     s.dtype(d)?;
     if d.rank() != 2 || d.shape()[1] != width || d.strides()[1] != 1 {
-        return Err(shape_err(
+        return Err(view_err(
             arg,
-            format!(
-                "expected [rows, {width}] with unit inner stride, got shape {:?} strides {:?}",
-                d.shape(),
-                d.strides()
-            ),
+            format!("expected [rows, {width}] with unit inner stride"),
+            d,
         ));
     }
     if d.shape()[0] > 1 && d.strides()[0] % row_align != 0 {
@@ -427,13 +453,10 @@ fn ring<S: Storage + ?Sized>(s: &'static Spec, t: &TensorMut<'_, S>) -> Result<R
     let (arg, d) = (s.arg, &t.desc);
     s.dtype(d)?;
     if d.rank() != 3 || d.shape()[2] != 1024 || d.strides()[2] != 1 {
-        return Err(shape_err(
+        return Err(view_err(
             arg,
-            format!(
-                "expected [blocks, capacity, 1024] with unit inner stride, got shape {:?} strides {:?}",
-                d.shape(),
-                d.strides()
-            ),
+            "expected [blocks, capacity, 1024] with unit inner stride",
+            d,
         ));
     }
     let (blocks, cap) = (d.shape()[0], d.shape()[1]);
@@ -568,16 +591,7 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
             arg: "query_start_loc",
             problem: "required for compress_ratio 2",
         })?;
-        let q = index(&c.query_start_loc, q)?;
-        if q.len == 0 || q.len - 1 > MAX_TOKENS {
-            return Err(shape_err(
-                "query_start_loc",
-                format!(
-                    "has {} entries; needs num_reqs + 1 with 0 <= num_reqs <= {MAX_TOKENS}",
-                    q.len
-                ),
-            ));
-        }
+        let q = offsets(&c.query_start_loc, q)?;
         qsl = Some(q);
         let t = a.token_to_req_indices.as_ref().ok_or(Error::Missing {
             arg: "token_to_req_indices",
@@ -662,13 +676,10 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(
     if layout.is_paged() {
         let w = layout.record_bytes();
         if d.rank() != 3 || d.strides()[2] != 1 || (d.shape()[1] > 1 && d.strides()[1] != w) {
-            return Err(shape_err(
+            return Err(view_err(
                 arg,
-                format!(
-                    "paged cache must be [blocks, block_size, {w}] with contiguous pages, got shape {:?} strides {:?}",
-                    d.shape(),
-                    d.strides()
-                ),
+                format!("paged cache must be [blocks, block_size, {w}] with contiguous pages"),
+                d,
             ));
         }
         blocks = d.shape()[0];
@@ -692,14 +703,7 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(
         let ok_rank = d.rank() == 3 || (d.rank() == 4 && d.shape()[2] == 1);
         let last = d.rank().saturating_sub(1);
         if !ok_rank || d.shape()[last] != DIM || d.strides()[last] != 1 {
-            return Err(shape_err(
-                arg,
-                format!(
-                    "row cache must be [blocks, block_size, 512] (or [blocks, block_size, 1, 512]) with unit inner stride, got shape {:?} strides {:?}",
-                    d.shape(),
-                    d.strides()
-                ),
-            ));
+            return Err(view_err(arg, "row cache must be [blocks, block_size, 512] (or [blocks, block_size, 1, 512]) with unit inner stride", d));
         }
         blocks = d.shape()[0];
         block_size = d.shape()[1];
@@ -761,13 +765,10 @@ fn cos_sin<S: Storage + ?Sized>(s: &'static Spec, t: &Tensor<'_, S>) -> Result<(
     let d = &t.desc;
     s.dtype(d)?;
     if d.rank() != 2 || d.shape()[1] < 64 || d.strides()[1] != 1 {
-        return Err(shape_err(
+        return Err(view_err(
             "cos_sin_cache",
-            format!(
-                "expected [max_pos, >= 64] with unit inner stride, got shape {:?} strides {:?}",
-                d.shape(),
-                d.strides()
-            ),
+            "expected [max_pos, >= 64] with unit inner stride",
+            d,
         ));
     }
     s.aligned(d)?;

@@ -214,16 +214,8 @@ impl VTensor {
     /// The elements of an I32 or I64 tensor, widened.
     pub fn to_i64(&self) -> Result<Vec<i64>> {
         match self.dtype {
-            DType::I64 => Ok(self
-                .data
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect()),
-            DType::I32 => Ok(self
-                .data
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64)
-                .collect()),
+            DType::I64 => Ok(le_elems(&self.data, i64::from_le_bytes)),
+            DType::I32 => Ok(le_elems(&self.data, |b| i32::from_le_bytes(b) as i64)),
             d => Err(Error::Vectors(format!(
                 "expected an I32 or I64 tensor, got {d}"
             ))),
@@ -233,14 +225,17 @@ impl VTensor {
     /// The elements of an F32 tensor.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         match self.dtype {
-            DType::F32 => Ok(self
-                .data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect()),
+            DType::F32 => Ok(le_elems(&self.data, f32::from_le_bytes)),
             d => Err(Error::Vectors(format!("expected an F32 tensor, got {d}"))),
         }
     }
+}
+
+/// The elements of `data`, `N` little-endian bytes each, decoded by `f`.
+fn le_elems<const N: usize, T>(data: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+    data.chunks_exact(N)
+        .map(|c| f(c.try_into().expect("N bytes")))
+        .collect()
 }
 
 impl safetensors::View for &VTensor {

@@ -456,6 +456,37 @@ pub const FUSED_INPUT_FLOATS: [(DType, DType); 5] = [
     (DType::F32, DType::BF16),
 ];
 
+/// A kind with one mix of special values and wild indices, and its place
+/// in the list it came from, which its cases' seeds name ([`Mixed::seed`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Mixed {
+    pub kind: Kind,
+    pub index: usize,
+    pub mix: u64,
+}
+
+impl Mixed {
+    /// The seed of case `i` of this kind and mix.
+    pub fn seed(&self, i: u64) -> u64 {
+        (self.index as u64) << 32 | self.mix << 16 | i
+    }
+}
+
+/// Each of `kinds` four times: plain or special values, plain or wild
+/// indices.
+pub fn mixed_kinds(kinds: Vec<Kind>) -> Vec<Mixed> {
+    let mut out = Vec::new();
+    for (index, kind) in kinds.into_iter().enumerate() {
+        for mix in 0..4u64 {
+            let mut kind = kind;
+            kind.special_values = mix & 1 == 1;
+            kind.wild_indices = mix & 2 == 2;
+            out.push(Mixed { kind, index, mix });
+        }
+    }
+    out
+}
+
 /// Every combination of op, ratio, layout, `prev_rows`, sanitize, index
 /// types, weight types (compress) and cos/sin types (insert) that makes
 /// sense, with the fused ops' weight and table types from

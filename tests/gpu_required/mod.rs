@@ -85,39 +85,28 @@ pub fn skip_or_fail(
 /// skips (fails, when the device is required) saying why; a build without
 /// that backend's feature skips too.
 macro_rules! on_gpu {
-    (cuda, $test:expr, |$b:ident| $body:expr) => {{
-        #[cfg(feature = "cuda")]
-        match dsv4_kvcache::CudaBackend::new(0) {
+    (cuda, $test:expr, |$b:ident| $body:expr) => {
+        on_gpu!("cuda", CudaBackend, cuda::CudaDriver, $test, |$b| $body)
+    };
+    (hip, $test:expr, |$b:ident| $body:expr) => {
+        on_gpu!("hip", HipBackend, hip::HipDriver, $test, |$b| $body)
+    };
+    ($feature:literal, $backend:ident, $($driver:ident)::+, $test:expr, |$b:ident| $body:expr) => {{
+        #[cfg(feature = $feature)]
+        match dsv4_kvcache::$backend::new(0) {
             Ok(mut dev) => {
                 let $b = &mut dev;
                 $body
             }
             Err(e) => gpu_required::skip_or_fail(
                 $test,
-                "cuda",
-                dsv4_kvcache::backend::cuda::CudaDriver::library_present(),
+                $feature,
+                dsv4_kvcache::backend::$($driver)::+::library_present(),
                 &e,
             ),
         }
-        #[cfg(not(feature = "cuda"))]
-        gpu_required::skip_or_fail($test, "cuda", false, &"no `cuda` feature");
-    }};
-    (hip, $test:expr, |$b:ident| $body:expr) => {{
-        #[cfg(feature = "hip")]
-        match dsv4_kvcache::HipBackend::new(0) {
-            Ok(mut dev) => {
-                let $b = &mut dev;
-                $body
-            }
-            Err(e) => gpu_required::skip_or_fail(
-                $test,
-                "hip",
-                dsv4_kvcache::backend::hip::HipDriver::library_present(),
-                &e,
-            ),
-        }
-        #[cfg(not(feature = "hip"))]
-        gpu_required::skip_or_fail($test, "hip", false, &"no `hip` feature");
+        #[cfg(not(feature = $feature))]
+        gpu_required::skip_or_fail($test, $feature, false, &concat!("no `", $feature, "` feature"));
     }};
 }
 

@@ -12,31 +12,7 @@
 
 #include "harness.h"
 #include "lanes.h"
-
-// The compressor block's pointers (of either launch's parameter block).
-template <class P>
-void kv_host_relocate(KvHostLaunch<P>& in, KvCompressParams& c) {
-    in.relocate(c.kv_score);
-    in.relocate(c.positions);
-    in.relocate(c.slots);
-    in.relocate(c.qsl);
-    in.relocate(c.ttr);
-    in.relocate(c.weight);
-    in.relocate(c.latent);
-    in.relocate(c.ring);
-    in.relocate(c.prev_rows);
-    in.relocate(c.prev_idx);
-}
-
-static void kv_host_relocate(KvHostLaunch<KvFusedParams>& in, KvFusedParams& f) {
-    kv_host_relocate(in, f.compress);
-    in.relocate(f.insert.latent);
-    in.relocate(f.insert.positions);
-    in.relocate(f.insert.slots);
-    in.relocate(f.insert.cos_sin);
-    in.relocate(f.insert.cache);
-    in.relocate(f.insert.fp8_scale);
-}
+#include "relocate.h"
 
 int main() {
     KvHostLaunch<KV_HOST_PARAMS> in;

@@ -6,6 +6,7 @@
 #include "kvcache.hip"
 
 #include "harness.h"
+#include "relocate.h"
 
 unsigned kv_host_tid, kv_host_bid, kv_host_bdim, kv_host_gdim;
 // The CR2 team kernels' dynamic shared memory (never run here).
@@ -13,14 +14,7 @@ float kv_team_shared[1];
 
 int main() {
     KvHostLaunch<KvGatherParams> l;
-    KvGatherParams& p = l.params;
-    l.relocate(p.cache);
-    l.relocate(p.slots);
-    l.relocate(p.block_table);
-    l.relocate(p.cu_seq_lens);
-    l.relocate(p.seq_starts);
-    l.relocate(p.fp8_scale);
-    l.relocate(p.out);
+    kv_host_relocate(l, l.params);
     l.run_in_order(l.function());
     l.write_results();
     return 0;

@@ -10,16 +10,11 @@
 
 #include "harness.h"
 #include "lanes.h"
+#include "relocate.h"
 
 int main() {
     KvHostLaunch<KvInsertParams> in;
-    KvInsertParams& p = in.params;
-    in.relocate(p.latent);
-    in.relocate(p.positions);
-    in.relocate(p.slots);
-    in.relocate(p.cos_sin);
-    in.relocate(p.cache);
-    in.relocate(p.fp8_scale);
+    kv_host_relocate(in, in.params);
     KvHostLaunch<KvInsertParams>::Kernel k = in.function();
     // V4 and MXFP8 (the generic kernels too) exchange values among lanes.
     bool exchanges = in.kernel.rfind("kv_insert_v4", 0) == 0 || in.kernel.rfind("kv_insert_mxfp8", 0) == 0;

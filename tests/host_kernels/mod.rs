@@ -52,6 +52,27 @@ pub fn buffer_ptr(i: u64) -> u64 {
     (i + 1) << 48
 }
 
+/// A launch's buffers and its pointer block from one list of `field:
+/// buffer` pairs: the buffers in the order listed, each field pointing at
+/// its own ([`buffer_ptr`]), the skip counters at none. (The fused
+/// harness shares buffers between two blocks and lists them itself.)
+#[allow(unused_macros)]
+macro_rules! bind {
+    ($block:ident { $($field:ident: $buf:expr),* $(,)? }) => {{
+        let mut bufs: Vec<&[u8]> = Vec::new();
+        let block = $block {
+            $($field: {
+                bufs.push($buf);
+                crate::host_kernels::buffer_ptr(bufs.len() as u64 - 1)
+            },)*
+            counters: 0,
+        };
+        (bufs, block)
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use bind;
+
 /// Every buffer after a launch, and its skip counts.
 pub struct Outcome {
     pub bufs: Vec<Vec<u8>>,

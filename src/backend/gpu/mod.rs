@@ -141,6 +141,31 @@ macro_rules! raw_op {
     };
 }
 
+/// Each operation's launch on a stream from its plan and tensor table,
+/// with the skip counters at `$c` (and the call's `sanitize` where the
+/// kernel takes one): `$body` gives the launch, the parameter block and the
+/// rows the call writes, or returns early when nothing is launched; it sees
+/// the backend as `$g`.
+macro_rules! on_stream {
+    (|$g:ident, $p:ident, $t:ident, $c:ident| $($name:ident($plan:ty, $table:ident $(, $s:ident)?) => $body:expr;)*) => {$(
+        /// # Safety
+        /// The table's buffers are this device's memory, valid for the
+        /// plan's extents until the kernel has run.
+        unsafe fn $name<S: DevAddr>(
+            &self,
+            $p: &$plan,
+            $t: &$table<Bound<'_, S>>,
+            $c: u64,
+            stream: RawStream,
+            $($s: bool,)?
+        ) -> Result<CallRows> {
+            let $g = self;
+            let (launch, params, call) = $body;
+            self.launch(launch, &params, stream, call)
+        }
+    )*};
+}
+
 /// Proves for every driver that the backend, its buffers and its streams
 /// can be shared across threads (the runtime orders work on each stream).
 #[allow(dead_code)]
@@ -375,89 +400,46 @@ impl<D: Driver> GpuBackend<D> {
         }
     }
 
-    /// # Safety
-    /// The table's buffers are this device's memory, valid for the plan's
-    /// extents until the kernel has run.
-    unsafe fn compress_on<S: DevAddr>(
-        &self,
-        p: &CompressPlan,
-        t: &CompressTensors<Bound<'_, S>>,
-        counters: u64,
-        stream: RawStream,
-    ) -> Result<CallRows> {
-        let params = kernel_abi::compress_params(p, &bind::compress_ptrs(t, counters));
-        let call = CallRows::compress(p, t);
-        self.launch(self.policy.compress_launch(p), &params, stream, call)
-    }
-
-    /// # Safety
-    /// As for [`GpuBackend::compress_on`].
-    unsafe fn insert_on<S: DevAddr>(
-        &self,
-        p: &InsertPlan,
-        t: &InsertTensors<Bound<'_, S>>,
-        counters: u64,
-        stream: RawStream,
-        sanitize: bool,
-    ) -> Result<CallRows> {
-        let params = kernel_abi::insert_params(p, &bind::insert_ptrs(t, counters), sanitize);
-        let call = CallRows::insert(p, t);
-        self.launch(self.policy.insert_launch(p), &params, stream, call)
-    }
-
-    /// # Safety
-    /// As for [`GpuBackend::compress_on`].
-    unsafe fn ring_on<S: DevAddr>(
-        &self,
-        p: &RingRowsPlan,
-        t: &RingTensors<Bound<'_, S>>,
-        counters: u64,
-        stream: RawStream,
-    ) -> Result<CallRows> {
-        let (rows, slots, ring) = bind::ring_ptrs(t);
-        let params = kernel_abi::ring_rows_params(p, rows, slots, ring, counters);
-        let call = CallRows::ring(p, t);
-        self.launch(self.policy.ring_rows_launch(p), &params, stream, call)
-    }
-
-    /// # Safety
-    /// As for [`GpuBackend::compress_on`].
-    unsafe fn fused_on<S: DevAddr>(
-        &self,
-        p: &FusedPlan,
-        t: &FusedTensors<Bound<'_, S>>,
-        counters: u64,
-        stream: RawStream,
-        sanitize: bool,
-    ) -> Result<CallRows> {
-        let params = kernel_abi::fused_params(
-            p,
-            &bind::compress_ptrs(&t.compress, counters),
-            &bind::fused_insert_ptrs(t, counters),
-            sanitize,
+    on_stream! {
+        |g, p, t, c|
+        compress_on(CompressPlan, CompressTensors) => (
+            g.policy.compress_launch(p),
+            kernel_abi::compress_params(p, &bind::compress_ptrs(t, c)),
+            CallRows::compress(p, t),
         );
-        let call = CallRows::fused(p, t);
-        self.launch(self.policy.fused_launch(p), &params, stream, call)
-    }
-
-    /// # Safety
-    /// As for [`GpuBackend::compress_on`].
-    unsafe fn gather_on<S: DevAddr>(
-        &self,
-        p: &GatherPlan,
-        t: &GatherTensors<Bound<'_, S>>,
-        counters: u64,
-        stream: RawStream,
-    ) -> Result<CallRows> {
-        let Some(l) = gather_launch(&self.policy, p.cache.layout, p.n, p.slot_kernels()) else {
-            return Ok(CallRows::NONE);
+        insert_on(InsertPlan, InsertTensors, sanitize) => (
+            g.policy.insert_launch(p),
+            kernel_abi::insert_params(p, &bind::insert_ptrs(t, c), sanitize),
+            CallRows::insert(p, t),
+        );
+        ring_on(RingRowsPlan, RingTensors) => {
+            let (rows, slots, ring) = bind::ring_ptrs(t);
+            (
+                g.policy.ring_rows_launch(p),
+                kernel_abi::ring_rows_params(p, rows, slots, ring, c),
+                CallRows::ring(p, t),
+            )
         };
-        let params = gather_params(p, &bind::gather_ptrs(t, counters), &l);
-        let launch = Launch {
-            kernel: gather_launch_kernel(p, &l),
-            geometry: l.geometry,
+        fused_on(FusedPlan, FusedTensors, sanitize) => (
+            g.policy.fused_launch(p),
+            kernel_abi::fused_params(
+                p,
+                &bind::compress_ptrs(&t.compress, c),
+                &bind::fused_insert_ptrs(t, c),
+                sanitize,
+            ),
+            CallRows::fused(p, t),
+        );
+        gather_on(GatherPlan, GatherTensors) => {
+            let Some(l) = gather_launch(&g.policy, p.cache.layout, p.n, p.slot_kernels()) else {
+                return Ok(CallRows::NONE);
+            };
+            let launch = Launch {
+                kernel: gather_launch_kernel(p, &l),
+                geometry: l.geometry,
+            };
+            (launch, gather_params(p, &bind::gather_ptrs(t, c), &l), CallRows::gather(p))
         };
-        self.launch(launch, &params, stream, CallRows::gather(p))
     }
 
     // ---- the raw API -------------------------------------------------------

@@ -3,7 +3,9 @@
 //! the launch shape.
 
 use super::{GatherAddressing, GatherLaunch, GatherPlan, GatherRows};
-use crate::kernel_abi::{flags as abi_flags, i64_flag, GatherParams, Geometry, KernelParams};
+use crate::kernel_abi::{
+    flags as abi_flags, i64_flag, pow2_shift, GatherParams, Geometry, KernelParams,
+};
 
 /// Flag bits of [`GatherParams::flags`] (`KV_GF_*` in kv_abi.h); bits
 /// 12..14 hold the groups per block as for every kernel
@@ -64,11 +66,7 @@ pub fn gather_params(p: &GatherPlan, b: &GatherPtrs, launch: &GatherLaunch) -> G
         row_stride: p.cache.row_stride as i32,
         num_blocks: p.cache.blocks as i32,
         block_size: p.cache.block_size as i32,
-        block_shift: if p.cache.block_size.is_power_of_two() {
-            p.cache.block_size.trailing_zeros() as i32
-        } else {
-            -1
-        },
+        block_shift: pow2_shift(p.cache.block_size),
         n: p.n as i32,
         ..Default::default()
     };

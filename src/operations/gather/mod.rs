@@ -38,8 +38,8 @@ pub use crate::ops::{GatherArgs, GatherIndex};
 use crate::error::Result;
 use crate::layout::DIM;
 use crate::ops::{
-    cache_view, extent, fits_i32, fp8_scale, index, rows, shape_err, CachePlan, IndexPlan,
-    RowsPlan, GATHER, MAX_TOKENS,
+    cache_view, extent, fits_i32, fp8_scale, index, offsets, rows, shape_err, view_err, CachePlan,
+    IndexPlan, RowsPlan, GATHER, MAX_TOKENS,
 };
 use crate::tensor::{DType, Storage, Tensor};
 
@@ -131,13 +131,10 @@ fn block_table<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<TablePlan> {
     let (arg, d) = (s.arg, &t.desc);
     s.dtype(d)?;
     if d.rank() != 2 || (d.shape()[1] > 1 && d.strides()[1] != 1) {
-        return Err(shape_err(
+        return Err(view_err(
             arg,
-            format!(
-                "expected [requests, max_blocks] with unit inner stride, got shape {:?} strides {:?}",
-                d.shape(),
-                d.strides()
-            ),
+            "expected [requests, max_blocks] with unit inner stride",
+            d,
         ));
     }
     s.aligned(d)?;
@@ -190,16 +187,7 @@ pub fn plan_gather<S: Storage + ?Sized>(a: &GatherArgs<'_, S>) -> Result<GatherP
             cu_seq_lens,
             seq_starts,
         } => {
-            let cu = index(&g.cu_seq_lens, cu_seq_lens)?;
-            if cu.len == 0 || cu.len - 1 > MAX_TOKENS {
-                return Err(shape_err(
-                    "cu_seq_lens",
-                    format!(
-                        "has {} entries; needs num_reqs + 1 with 0 <= num_reqs <= {MAX_TOKENS}",
-                        cu.len
-                    ),
-                ));
-            }
+            let cu = offsets(&g.cu_seq_lens, cu_seq_lens)?;
             let reqs = cu.len - 1;
             let table = block_table(bt)?;
             if table.rows < reqs {

@@ -109,6 +109,8 @@ pub struct Bound<'b, S: ?Sized> {
     pub role: Role,
     /// The buffer.
     pub buf: Option<&'b S>,
+    /// The view of `buf` (`None` with it).
+    pub desc: Option<TensorDesc>,
     /// The view's byte offset in `buf`.
     pub offset: usize,
     /// One past the last byte of `buf` the view touches (`offset` when it
@@ -131,6 +133,7 @@ fn bound<'b, S: ?Sized>(s: &'static Spec, t: Option<(&'b S, &TensorDesc)>) -> Bo
         arg: s.arg,
         role: s.role,
         buf: t.map(|t| t.0),
+        desc: t.map(|t| *t.1),
         offset: t.map_or(0, |t| t.1.offset),
         // Validated views do not overflow.
         end: t.map_or(0, |t| t.1.end_byte().map_or(t.1.offset, |e| e as usize)),
@@ -385,6 +388,8 @@ pub trait Operation {
         t: &Self::Of<T>,
         f: impl FnMut(&'static Spec, &T) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E>;
+    /// The entries in declared order.
+    fn list<T: Copy>(t: &Self::Of<T>) -> Vec<T>;
     /// The arguments from a table of views (`None`: not given) and the
     /// scalars; written tensors stay writable, read ones are reborrowed
     /// shared. A required tensor that is absent is an [`Error::Missing`].
@@ -394,6 +399,8 @@ pub trait Operation {
     ) -> Result<Self::Args<'a, S>>;
     /// The tensors the arguments use (as their `tensors()` method).
     fn tensors<'b, 'a: 'b, S: ?Sized + 'a>(a: &'b Self::Args<'a, S>) -> Self::Of<Bound<'b, S>>;
+    /// The arguments' scalars, as [`Operation::from_table`] takes them.
+    fn scalars<S: ?Sized>(a: &Self::Args<'_, S>) -> Self::Scalars;
 }
 
 /// A tensor the operation requires.
@@ -410,12 +417,12 @@ fn ro<S: ?Sized>(t: TensorMut<'_, S>) -> Tensor<'_, S> {
 }
 
 /// Declares an operation's marker type and its [`Operation`] impl: the
-/// table's walks delegated to the table, and `from_table`'s body, which
-/// sees the table as `$t`, the scalars as `$sc` and the declarations as
-/// `$s`.
+/// table's walks delegated to the table, `from_table`'s body, which sees
+/// the table as `$t`, the scalars as `$sc` and the declarations as `$s`,
+/// and `scalars`' body, which sees the arguments as `$a`.
 macro_rules! operation {
     ($(#[$m:meta])* $op:ident = $name:literal: $args:ident, $table:ident, $specs:ident, $scalars:ty,
-     |$t:ident, $sc:pat_param, $s:ident| $body:expr) => {
+     |$t:ident, $sc:pat_param, $s:ident| $body:expr, |$a:pat_param| $read:expr) => {
         $(#[$m])*
         #[derive(Debug)]
         pub enum $op {}
@@ -443,8 +450,14 @@ macro_rules! operation {
             ) -> std::result::Result<(), E> {
                 t.each(f)
             }
+            fn list<T: Copy>(t: &$table<T>) -> Vec<T> {
+                t.list()
+            }
             fn tensors<'b, 'a: 'b, S: ?Sized + 'a>(a: &'b $args<'a, S>) -> $table<Bound<'b, S>> {
                 a.tensors()
+            }
+            fn scalars<S: ?Sized>($a: &$args<'_, S>) -> $scalars {
+                $read
             }
             fn from_table<'a, S: ?Sized + 'a>(
                 $t: $table<Option<TensorMut<'a, S>>>,
@@ -468,7 +481,8 @@ operation! {
         cos_sin_cache: ro(need(&s.cos_sin_cache, t.cos_sin_cache)?),
         kv_cache: need(&s.kv_cache, t.kv_cache)?,
         fp8_scale: t.fp8_scale.map(ro),
-    })
+    }),
+    |a| a.compress_ratio
 }
 
 /// `fused_save_compress_norm`'s scalars.
@@ -496,7 +510,11 @@ operation! {
         token_to_req_indices: t.token_to_req_indices.map(ro),
         prev_rows: t.prev_rows.map(ro),
         prev_row_indices: t.prev_row_indices.map(ro),
-    })
+    }),
+    |a| CompressScalars {
+        rms_norm_eps: a.rms_norm_eps,
+        compress_ratio: a.compress_ratio,
+    }
 }
 
 operation! {
@@ -506,7 +524,8 @@ operation! {
         rows: ro(need(&s.rows, t.rows)?),
         slot_mapping: ro(need(&s.slot_mapping, t.slot_mapping)?),
         state_cache: need(&s.state_cache, t.state_cache)?,
-    })
+    }),
+    |_| ()
 }
 
 operation! {
@@ -520,7 +539,8 @@ operation! {
         cos_sin_cache: ro(need(&s.cos_sin_cache, t.insert.cos_sin_cache)?),
         kv_cache: need(&s.kv_cache, t.insert.kv_cache)?,
         fp8_scale: t.insert.fp8_scale.map(ro),
-    })
+    }),
+    |a| (CompressOp::scalars(&a.compress), a.skip_latent_out)
 }
 
 operation! {
@@ -533,7 +553,8 @@ operation! {
         kv_cache: ro(need(&s.kv_cache, t.kv_cache)?),
         fp8_scale: t.fp8_scale.map(ro),
         out: need(&s.out, t.out)?,
-    })
+    }),
+    |_| ()
 }
 
 /// The gather's addressing form from its given index tensors.
