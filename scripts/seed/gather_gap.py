@@ -672,6 +672,7 @@ ISOLATE_STEPS = {
     "drv_streams_50": "50 driver streams created and destroyed",
     "graphs_50_maxconn32": "graphs_50 in a process with CUDA_DEVICE_MAX_CONNECTIONS=32",
     "graphs_50_maxconn1": "graphs_50 in a process with CUDA_DEVICE_MAX_CONNECTIONS=1",
+    "graphs_50_eager": "graphs_50 in a process with CUDA_MODULE_LOADING=EAGER",
 }
 
 
@@ -786,7 +787,8 @@ def isolate_one(a):
     elif step == "drv_streams_50":
         for _ in range(50):
             cu("cuStreamDestroy_v2", cu.new("cuStreamCreate", CU_STREAM_NON_BLOCKING))
-    elif step in ("graphs_10", "graphs_25", "graphs_50", "graphs_50_maxconn32", "graphs_50_maxconn1"):
+    elif step in ("graphs_10", "graphs_25", "graphs_50", "graphs_50_maxconn32", "graphs_50_maxconn1",
+                  "graphs_50_eager"):
         for _ in range(int(step.split("_")[1])):
             torch_graph(fn, 20).replay()
     elif step == "graphs_50_kept":
@@ -827,6 +829,8 @@ def isolate(a):
             env = dict(os.environ)
             if "_maxconn" in step:
                 env["CUDA_DEVICE_MAX_CONNECTIONS"] = step.rsplit("maxconn", 1)[1]
+            if step.endswith("_eager"):
+                env["CUDA_MODULE_LOADING"] = "EAGER"
             p = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if p.returncode != 0:
                 print(f"| {step} | failed: {p.stderr.strip().splitlines()[-1:]} |", flush=True)
