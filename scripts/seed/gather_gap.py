@@ -7,6 +7,7 @@ timed by harnesses that differ from each other in one thing at a time.
     PYTHONPATH=SITE python3 scripts/seed/gather_gap.py table --bin BIN [--rounds 3] [--json OUT]
     PYTHONPATH=SITE python3 scripts/seed/gather_gap.py table --bin BIN --dry-run   # CPU: plumbing only
     PYTHONPATH=SITE python3 scripts/seed/gather_gap.py isolate --bin BIN           # a process per suspect step
+    PYTHONPATH=SITE python3 scripts/seed/gather_gap.py fresh --bin BIN [--n 1,16] [--layouts mxfp8]  # a process per gather
 
 Inputs. `BIN capture --op gather_dequant --requests 0 [--written]` writes
 the inputs the bench builds for its "gather L" (written cache) and "gather L,
@@ -738,6 +739,9 @@ def isolate_one(a):
         return t20, marginal(t20, t100), tt
 
     before = timing()
+    tg = torch_graph(fn, 20)
+    torch_b2b_us = min(med(torch_b2b(tg, 20)) for _ in range(3))
+    del tg
     keep = []
     step = a.step
     if step == "repeat":
@@ -808,7 +812,7 @@ def isolate_one(a):
     after = timing()
     fresh = DriverGraph(cu, fn, 20)
     new = min(med(fresh.times()) for _ in range(3))
-    print(json.dumps(dict(step=step, before=before, after=after, new=new)))
+    print(json.dumps(dict(step=step, before=before, after=after, new=new, torch_graph=torch_b2b_us)))
 
 
 def isolate(a):
@@ -845,9 +849,49 @@ def isolate(a):
             json.dump(rows, f, indent=1)
 
 
+def fresh(a):
+    """Every (layout, N) gather timed in a process of its own, before it has
+    made the ~10 graphs that slow a process's launches, beside the bench's
+    row on the same inputs."""
+    tmp = tempfile.mkdtemp()
+    ns = [int(x) for x in a.n.split(",")]
+    layouts = a.layouts.split(",")
+    rust = {}
+    for _ in range(a.rounds):
+        for k, v in rust_rows(a.bin, ns, 20, False, only="gather").items():
+            rust[k] = min(rust.get(k, v), v)
+    print("written cache, µs a launch in 20-launch graphs (best of --rounds): the Rust bench's row; the package's "
+          "call in a fresh process as a driver graph (timing.rs's method) and as a torch.cuda.graph replayed back "
+          "to back")
+    print("| layout | N | bench | package, driver graph | package, torch graph | package - bench |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    for layout in layouts:
+        for n in ns:
+            path = capture_file(a.bin, tmp, "gather_dequant", layout, n, True)
+            best = None
+            for _ in range(a.rounds):
+                cmd = [sys.executable, os.path.abspath(__file__), "isolate-one", "--bin", a.bin, "--case", path]
+                p = subprocess.run(cmd, capture_output=True, text=True)
+                if p.returncode != 0:
+                    print(f"| {layout} | {n} | failed: {p.stderr.strip().splitlines()[-1:]} |", flush=True)
+                    break
+                r = json.loads(p.stdout.strip().splitlines()[-1])
+                cell = (r["before"][0], r["torch_graph"])
+                best = cell if best is None else (min(best[0], cell[0]), min(best[1], cell[1]))
+            if best is None:
+                continue
+            b = rust.get((bench_label(layout, True), n), float("nan"))
+            rows.append(dict(layout=layout, n=n, bench=b, driver=best[0], torch=best[1]))
+            print(f"| {layout} | {n} | {b:.2f} | {best[0]:.2f} | {best[1]:.2f} | {best[0] - b:+.2f} |", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["table", "probe", "isolate", "isolate-one"])
+    ap.add_argument("what", choices=["table", "probe", "isolate", "isolate-one", "fresh"])
     ap.add_argument("--bin", required=True, help="the dsv4-kvcache binary (capture, bench)")
     ap.add_argument("--n", default="1,16,128,1024")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
@@ -873,6 +917,8 @@ def main():
         probe(a)
     elif a.what == "isolate":
         isolate(a)
+    elif a.what == "fresh":
+        fresh(a)
     elif a.what == "isolate-one":
         isolate_one(a)
         return
