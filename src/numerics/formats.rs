@@ -533,6 +533,59 @@ mod tests {
     }
 
     #[test]
+    fn bf16_fma_rounds_the_exact_value_once() {
+        // (1.5)(1 + 2^-7) = 1.5 + 2^-7 + 2^-8 lies halfway between two BF16;
+        // a tiny addend, lost in the f64 sum, decides the direction.
+        let (a, b) = (0x3fc0, 0x3f81);
+        assert_eq!(bf16_fma(a, b, 0x0000), 0x3fc2, "tie to even");
+        assert_eq!(bf16_fma(a, b, 0x0d80), 0x3fc2, "just above the tie");
+        assert_eq!(bf16_fma(a, b, 0x8d80), 0x3fc1, "just below the tie");
+        assert_eq!(bf16_fma(0x7f80, 0x3f80, 0xff80), 0x7fff, "inf - inf");
+        assert_eq!(bf16_fma(0x7f7f, 0x4000, 0x0000), 0x7f80, "overflow");
+        assert_eq!(
+            bf16_fma(0x0001, 0x3f00, 0x0000),
+            0x0000,
+            "half the least subnormal, a tie to 0"
+        );
+        assert_eq!(
+            bf16_fma(0x0003, 0x3f00, 0x0000),
+            0x0002,
+            "1.5 subnormal steps, a tie to even"
+        );
+        // Where the exact value is an f32, one rounding of that f32.
+        let mut x = 0x1234_5678u32;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let (a, b, c) = (x as u16, (x >> 16) as u16, (x >> 8) as u16 ^ 0x5a5a);
+            let (p, cd) = (
+                bf16_to_f32(a) as f64 * bf16_to_f32(b) as f64,
+                bf16_to_f32(c) as f64,
+            );
+            // Within 2^30 of each other, the sum of a 16-bit and an 8-bit
+            // number is exact in f64.
+            let close = p == 0.0 || cd == 0.0 || (p / cd).abs().log2().abs() < 30.0;
+            let exact = p + cd;
+            if close && exact.is_finite() && (exact as f32) as f64 == exact {
+                assert_eq!(
+                    bf16_fma(a, b, c),
+                    bf16_from_f32(exact as f32),
+                    "{a:#06x} {b:#06x} {c:#06x}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn byte_perm_selects_and_replicates_signs() {
+        assert_eq!(byte_perm(0x4433_2211, 0x8877_6655, 0x7632), 0x8877_4433);
+        assert_eq!(byte_perm(0x4433_2211, 0x8877_6655, 0x5410), 0x6655_2211);
+        assert_eq!(byte_perm(0x0080_7f00, 0x8000_0000, 0xfbd9), 0xff00_0000);
+        assert_eq!(byte_perm(0x8000_0080, 0x0080_8000, 0x9e8f), 0x00ff_ff00);
+    }
+
+    #[test]
     fn nvfp4_scale_is_the_value_and_its_rounded_reciprocal() {
         for code in 1u8..=0x7e {
             let v = e4m3_to_f32(code);
