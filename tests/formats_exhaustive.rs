@@ -795,7 +795,7 @@ fn nvfp4_codes_depend_on_the_round_to_odd_key() {
 }
 
 /// [`nvfp4_codes_depend_on_the_round_to_odd_key`] for every f32 magnitude
-/// (infinity and NaNs included); about a minute on two cores.
+/// (infinity and NaNs included); about five minutes on two cores.
 #[test]
 #[ignore]
 fn nvfp4_round_to_odd_key_full_sweep() {
