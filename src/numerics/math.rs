@@ -356,8 +356,9 @@ pub fn nvfp4_reciprocal_bf16x2(s: f32, y: f32) -> (u32, u32) {
 /// code (tests/formats_exhaustive.rs runs every key against every code).
 /// The magnitude code is `min(2q, q + 2, q/2 + 4, 7)` rounded at unit
 /// spacing, as [`e2m1_magnitude_bits`](crate::formats::e2m1_magnitude_bits)
-/// does in f32, here by adding 128 in BF16; an infinite key gives a NaN
-/// quotient (`inf - inf`), which the NaN-ignoring minima make code 7. The
+/// does in f32, here by adding 128 in BF16; an infinite key gives an
+/// infinite or NaN quotient (`inf - inf` or `inf × 0` with `ylo`), which the
+/// NaN-ignoring minima make code 7. The
 /// sign is the key's, with a NaN made `+inf` (code 0 has no sign).
 #[inline]
 pub fn e2m1x2_of_quotient_bf16x2(x0: u32, x1: u32, yhi: u32, ylo: u32) -> (u32, u32) {
