@@ -153,6 +153,42 @@ KV_DEVICE uint32_t kv_hw_bf16x2_mul(uint32_t a, uint32_t b) {
 }
 #endif
 
+// Packed 16-bit arithmetic (sm_90+, where min.u16x2 is one instruction):
+// BF16 pair fma rounded once to nearest even (subnormals kept), BF16 pair
+// minimum and maximum that ignore a NaN operand (0x7FFF where both are), the
+// unsigned 16-bit pair minimum, and the byte permutation of prmt.b32's
+// default mode, in which bit 3 of a selector nibble copies the selected
+// byte's top bit over the result byte. The NVFP4 encoder runs on them
+// (kv_e2m1x2_of_quotient_bf16x2), held to its Rust twin by the parity tests.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KV_HW_BF16X2_ARITH 1
+KV_DEVICE uint32_t kv_hw_bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+KV_DEVICE uint32_t kv_hw_bf16x2_min(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("min.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+KV_DEVICE uint32_t kv_hw_bf16x2_max(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+KV_DEVICE uint32_t kv_hw_u16x2_min(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("min.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+KV_DEVICE uint32_t kv_hw_byte_perm_sx(uint32_t a, uint32_t b, uint32_t s) {
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+}
+#endif
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define KV_HW_E4M3X2 1
 KV_DEVICE uint16_t kv_hw_e4m3x2(float lo, float hi) {

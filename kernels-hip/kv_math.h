@@ -141,6 +141,48 @@ KV_DEVICE uint8_t kv_e2m1_of_quotient(float r, float s, float y) {
     return (uint8_t)(kv_e2m1_magnitude_bits(q) | sign);
 }
 
+// The NVFP4 encoder on BF16 pairs, where a prelude has the packed 16-bit
+// arithmetic (sm_90+): two values per instruction, no f32 quotient
+// (math::e2m1x2_of_quotient_bf16x2 says why it is exact; tests/
+// formats_exhaustive.rs proves it for every input and scale code).
+#if defined(KV_HW_BF16X2_ARITH) && defined(KV_HW_BF16X2)
+#define KV_E2M1_BF16X2 1
+
+// (yhi, ylo): bf16(y) and bf16(f32(fma(-yhi, s, 1) y)) in both halves
+// (math::nvfp4_reciprocal_bf16x2); the residual is exact.
+KV_DEVICE void kv_nvfp4_reciprocal_bf16x2(float s, float y, uint32_t* yhi, uint32_t* ylo) {
+    uint32_t hi = kv_hw_bf16x2(y, y);
+    float rest = kv_fmaf(-kv_u2f(hi << 16), s, 1.0f) * y;
+    *yhi = hi;
+    *ylo = kv_hw_bf16x2(rest, rest);
+}
+
+// Codes of the values with f32 bits x0, x1 (math::e2m1x2_of_quotient_bf16x2):
+// *m = bf16(128 + magnitude code) of each, *z the signs (a NaN's cleared).
+// The key is the top half with bit 0 set where the low half is not zero
+// (|r| rounded to odd at 8 bits), the quotient key (yhi + ylo) in BF16.
+KV_DEVICE void kv_e2m1x2_of_quotient_bf16x2(uint32_t x0, uint32_t x1, uint32_t yhi, uint32_t ylo, uint32_t* m,
+                                             uint32_t* z) {
+    uint32_t sticky = kv_hw_u16x2_min(kv_hw_byte_perm_sx(x0, x1, 0x5410u), 0x00010001u);
+    uint32_t key = kv_hw_byte_perm_sx(x0, x1, 0x7632u) | sticky;
+    uint32_t v = kv_hw_bf16x2_max(key & 0x7fff7fffu, 0u);
+    uint32_t q = kv_hw_bf16x2_fma(v, yhi, kv_hw_bf16x2_fma(v, ylo, 0x80008000u));
+    uint32_t c1 = kv_hw_bf16x2_fma(q, 0x40004000u, 0x43004300u);
+    uint32_t c2 = kv_hw_bf16x2_fma(q, 0x3f803f80u, 0x43024302u);
+    uint32_t c3 = kv_hw_bf16x2_fma(q, 0x3f003f00u, 0x43044304u);
+    *m = kv_hw_bf16x2_min(kv_hw_bf16x2_min(c1, c2), kv_hw_bf16x2_min(c3, 0x43074307u));
+    *z = kv_hw_bf16x2_min(key, 0x7f807f80u);
+}
+
+// Bytes code0 | code1 << 4 and code2 | code3 << 4 of two pairs' (m, z) in
+// bits 0..16 (math::e2m1x4_bytes_bf16x2): nibbles of one byte in bytes 0
+// and 2, signs replicated from z's high bytes, then t + (t >> 12).
+KV_DEVICE uint32_t kv_e2m1x4_bytes_bf16x2(uint32_t ma, uint32_t za, uint32_t mb, uint32_t zb) {
+    uint32_t t = kv_hw_byte_perm_sx(ma, mb, 0x6240u) | (kv_hw_byte_perm_sx(za, zb, 0xfbd9u) & 0x08080808u);
+    return t + (t >> 12);
+}
+#endif
+
 // GPT-J rotation of one pair.
 KV_DEVICE void kv_rope_pair(float e, float o, float c, float s, float* re, float* ro) {
     *re = kv_fmaf(e, c, -(o * s));

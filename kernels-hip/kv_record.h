@@ -144,20 +144,41 @@ KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, b
     return kv_ue8m0_scale_byte(finite, e, sanitize);
 }
 
-// One NVFP4 tile (the lane's 16 dims): 8 bytes of e2m1 pairs; returns the
-// e4m3 scale byte.
-KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint8_t out[8]) {
+// One NVFP4 tile (the lane's 16 dims): 8 bytes of e2m1 pairs as two
+// little-endian words; returns the e4m3 scale byte.
+KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint32_t out[2]) {
     float amax = kv_amax16(r);
     float t = kv_min_nan_ignoring(kv_fmax_nonneg(amax * KV_INV_6, KV_NVFP4_SCALE_MIN), 448.0f);
     uint8_t code = kv_e4m3_from_f32_nonnan(t);  // t is finite: in [2^-9, 448]
     float scale, y;
     kv_nvfp4_scale(code, &scale, &y);
+#if defined(KV_E2M1_BF16X2)
+    uint32_t yhi, ylo;
+    kv_nvfp4_reciprocal_bf16x2(scale, y, &yhi, &ylo);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        uint32_t b[2];
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            const float* v = r + 8 * h + 4 * g;
+            uint32_t ma, za, mb, zb;
+            kv_e2m1x2_of_quotient_bf16x2(kv_f2u(v[0]), kv_f2u(v[1]), yhi, ylo, &ma, &za);
+            kv_e2m1x2_of_quotient_bf16x2(kv_f2u(v[2]), kv_f2u(v[3]), yhi, ylo, &mb, &zb);
+            b[g] = kv_e2m1x4_bytes_bf16x2(ma, za, mb, zb);
+        }
+        out[h] = kv_hw_byte_perm_sx(b[0], b[1], 0x5410u);
+    }
+#else
+    uint8_t q[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         uint8_t lo = kv_e2m1_of_quotient(r[2 * k], scale, y);
         uint8_t hi = kv_e2m1_of_quotient(r[2 * k + 1], scale, y);
-        out[k] = (uint8_t)(lo + (hi << 4));
+        q[k] = (uint8_t)(lo + (hi << 4));
     }
+    out[0] = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+    out[1] = (uint32_t)q[4] | ((uint32_t)q[5] << 8) | ((uint32_t)q[6] << 16) | ((uint32_t)q[7] << 24);
+#endif
     return code;
 }
 
@@ -263,11 +284,11 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         // +0 it would become both give code 0 and both leave the tile's
         // NaN-ignoring amax alone (an all-NaN tile and an all-zero one both
         // clamp to the 2^-9 scale). The parity tests cover both settings.
-        uint8_t q[8];
+        uint32_t q[2];
         uint8_t sb = kv_quantize_nvfp4_tile(r, q);
         kv_u32x2 w;
-        w.x = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
-        w.y = (uint32_t)q[4] | ((uint32_t)q[5] << 8) | ((uint32_t)q[6] << 16) | ((uint32_t)q[7] << 24);
+        w.x = q[0];
+        w.y = q[1];
         *(kv_u32x2*)(values + 8 * tile) = w;
         scales[tile] = sb;
     } else if (LAYOUT == KV_LAYOUT_BF16) {

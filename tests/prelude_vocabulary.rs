@@ -20,6 +20,12 @@ const OPTIONAL: &[&str] = &[
     "kv_hw_bf16x2_mul",
     "KV_HW_BYTE_PERM",
     "kv_hw_byte_perm",
+    "KV_HW_BF16X2_ARITH",
+    "kv_hw_bf16x2_fma",
+    "kv_hw_bf16x2_min",
+    "kv_hw_bf16x2_max",
+    "kv_hw_u16x2_min",
+    "kv_hw_byte_perm_sx",
 ];
 
 /// Macros build.rs defines on the compilers' command lines.

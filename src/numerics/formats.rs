@@ -287,6 +287,112 @@ pub fn bf16x2_mul_exact(a: u32, b: u32) -> u32 {
     (lo.to_bits() >> 16) | (hi.to_bits() & 0xffff_0000)
 }
 
+/// BF16 `fma(a, b, c)` rounded once to nearest even, as `fma.rn.bf16x2`
+/// computes each half (subnormals kept, overflow to infinity, a NaN result
+/// the canonical `0x7FFF`).
+///
+/// The product of two BF16 is exact in f64 (16 significant bits); the sum
+/// with `c` is rounded to f64 and its error recovered exactly (Knuth's
+/// two-sum), which decides a sum that lands on a BF16 midpoint.
+#[inline]
+pub fn bf16_fma(a: u16, b: u16, c: u16) -> u16 {
+    let p = bf16_to_f32(a) as f64 * bf16_to_f32(b) as f64;
+    let c = bf16_to_f32(c) as f64;
+    let s = p + c;
+    if !s.is_finite() {
+        return if s.is_nan() {
+            0x7fff
+        } else {
+            bf16_from_f32(s as f32)
+        };
+    }
+    let bb = s - p;
+    let err = (p - (s - bb)) + (c - bb);
+    bf16_round(s, err)
+}
+
+/// BF16 nearest-even rounding of the real `s + err`, `s` a finite f64 and
+/// `|err|` at most half an ulp of `s`.
+fn bf16_round(s: f64, err: f64) -> u16 {
+    let sign = if s.is_sign_negative() { 0x8000u16 } else { 0 };
+    let a = s.abs();
+    // Towards larger magnitude where err points away from zero.
+    let err = if s < 0.0 { -err } else { err };
+    if a == 0.0 {
+        return bf16_from_f32(s as f32);
+    }
+    let e = ((a.to_bits() >> 52) as i32 - 1023).max(-126);
+    let ulp = 2f64.powi(e - 7);
+    let n = a / ulp;
+    let fl = n.floor();
+    let frac = n - fl;
+    let up = frac > 0.5 || (frac == 0.5 && (err > 0.0 || (err == 0.0 && fl % 2.0 == 1.0)));
+    let r = (if up { fl + 1.0 } else { fl }) * ulp;
+    sign | (((r as f32).to_bits() >> 16) as u16)
+}
+
+/// [`bf16_fma`] on both halves of three BF16 pairs.
+#[inline]
+pub fn bf16x2_fma(a: u32, b: u32, c: u32) -> u32 {
+    let lo = bf16_fma(a as u16, b as u16, c as u16) as u32;
+    let hi = bf16_fma((a >> 16) as u16, (b >> 16) as u16, (c >> 16) as u16) as u32;
+    lo | (hi << 16)
+}
+
+/// NaN-ignoring minimum (`MAX = false`) or maximum of two BF16, as
+/// `min.bf16x2` and `max.bf16x2` give each half: the non-NaN operand where
+/// one is NaN, `0x7FFF` where both are; never called with `+0` against `-0`.
+fn bf16_min_max<const MAX: bool>(a: u16, b: u16) -> u16 {
+    let (x, y) = (bf16_to_f32(a), bf16_to_f32(b));
+    match (x.is_nan(), y.is_nan()) {
+        (true, true) => 0x7fff,
+        (true, false) => b,
+        (false, true) => a,
+        _ => {
+            if (y > x) == MAX && y != x {
+                b
+            } else {
+                a
+            }
+        }
+    }
+}
+
+/// NaN-ignoring minimum on both halves (`min.bf16x2`; see `bf16_min_max`).
+#[inline]
+pub fn bf16x2_min(a: u32, b: u32) -> u32 {
+    let lo = bf16_min_max::<false>(a as u16, b as u16) as u32;
+    lo | ((bf16_min_max::<false>((a >> 16) as u16, (b >> 16) as u16) as u32) << 16)
+}
+
+/// NaN-ignoring maximum on both halves (`max.bf16x2`; see `bf16_min_max`).
+#[inline]
+pub fn bf16x2_max(a: u32, b: u32) -> u32 {
+    let lo = bf16_min_max::<true>(a as u16, b as u16) as u32;
+    lo | ((bf16_min_max::<true>((a >> 16) as u16, (b >> 16) as u16) as u32) << 16)
+}
+
+/// Unsigned minimum of each 16-bit half (`min.u16x2`).
+#[inline]
+pub fn u16x2_min(a: u32, b: u32) -> u32 {
+    (a & 0xffff).min(b & 0xffff) | (a & 0xffff_0000).min(b & 0xffff_0000)
+}
+
+/// Byte permutation of `b:a` (bytes 0..4 of `a`, 4..8 of `b`) as PTX's
+/// `prmt.b32` in its default mode: result byte `i` is the byte that bits
+/// `4i..4i+3` of `s` select, or, where bit `4i + 3` is set, that byte's top
+/// bit copied over all eight.
+#[inline]
+pub fn byte_perm(a: u32, b: u32, s: u32) -> u32 {
+    let src = ((b as u64) << 32) | a as u64;
+    (0..4).fold(0u32, |w, i| {
+        let n = (s >> (4 * i)) & 0xf;
+        let byte = ((src >> (8 * (n & 7))) & 0xff) as u32;
+        let byte = if n & 8 != 0 { 0xff * (byte >> 7) } else { byte };
+        w | (byte << (8 * i))
+    })
+}
+
 /// [`e4m3_scaled_pow2`] of two codes at once, as a BF16 pair: `p` holds a
 /// code in bits 0..8 and one in bits 16..24 (neither NaN; the other bits
 /// are ignored), `3 <= b <= 134`.
@@ -424,6 +530,59 @@ mod tests {
         assert_eq!(e4m3_from_f32(2.0f32.powi(-6)), 0x08);
         assert!(e4m3_to_f32(0x7f).is_nan());
         assert_eq!(e4m3_to_f32(0x7e), 448.0);
+    }
+
+    #[test]
+    fn bf16_fma_rounds_the_exact_value_once() {
+        // (1.5)(1 + 2^-7) = 1.5 + 2^-7 + 2^-8 lies halfway between two BF16;
+        // a tiny addend, lost in the f64 sum, decides the direction.
+        let (a, b) = (0x3fc0, 0x3f81);
+        assert_eq!(bf16_fma(a, b, 0x0000), 0x3fc2, "tie to even");
+        assert_eq!(bf16_fma(a, b, 0x0d80), 0x3fc2, "just above the tie");
+        assert_eq!(bf16_fma(a, b, 0x8d80), 0x3fc1, "just below the tie");
+        assert_eq!(bf16_fma(0x7f80, 0x3f80, 0xff80), 0x7fff, "inf - inf");
+        assert_eq!(bf16_fma(0x7f7f, 0x4000, 0x0000), 0x7f80, "overflow");
+        assert_eq!(
+            bf16_fma(0x0001, 0x3f00, 0x0000),
+            0x0000,
+            "half the least subnormal, a tie to 0"
+        );
+        assert_eq!(
+            bf16_fma(0x0003, 0x3f00, 0x0000),
+            0x0002,
+            "1.5 subnormal steps, a tie to even"
+        );
+        // Where the exact value is an f32, one rounding of that f32.
+        let mut x = 0x1234_5678u32;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let (a, b, c) = (x as u16, (x >> 16) as u16, (x >> 8) as u16 ^ 0x5a5a);
+            let (p, cd) = (
+                bf16_to_f32(a) as f64 * bf16_to_f32(b) as f64,
+                bf16_to_f32(c) as f64,
+            );
+            // Within 2^30 of each other, the sum of a 16-bit and an 8-bit
+            // number is exact in f64.
+            let close = p == 0.0 || cd == 0.0 || (p / cd).abs().log2().abs() < 30.0;
+            let exact = p + cd;
+            if close && exact.is_finite() && (exact as f32) as f64 == exact {
+                assert_eq!(
+                    bf16_fma(a, b, c),
+                    bf16_from_f32(exact as f32),
+                    "{a:#06x} {b:#06x} {c:#06x}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn byte_perm_selects_and_replicates_signs() {
+        assert_eq!(byte_perm(0x4433_2211, 0x8877_6655, 0x7632), 0x8877_4433);
+        assert_eq!(byte_perm(0x4433_2211, 0x8877_6655, 0x5410), 0x6655_2211);
+        assert_eq!(byte_perm(0x0080_7f00, 0x8000_0000, 0xfbd9), 0xff00_0000);
+        assert_eq!(byte_perm(0x8000_0080, 0x0080_8000, 0x9e8f), 0x00ff_ff00);
     }
 
     #[test]

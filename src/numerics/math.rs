@@ -324,6 +324,70 @@ pub fn e2m1_of_quotient(r: f32, s: f32, y: f32) -> u8 {
     (crate::formats::e2m1_magnitude_bits(q) | sign) as u8
 }
 
+/// The NVFP4 tile reciprocal as two BF16 pairs `(yhi, ylo)`, each value in
+/// both halves, for [`e2m1x2_of_quotient_bf16x2`]: `yhi = bf16(y)` and
+/// `ylo = bf16(f32(fma(-yhi, s, 1) y))`, the residual `1 - yhi s` being exact
+/// (`yhi` has 8 significant bits, `s` 4), so `yhi + ylo` is `1 / s` to about
+/// 16 bits. `y = f32(1 / s)` as [`nvfp4_scale`](crate::formats::nvfp4_scale)
+/// gives it (twin `kv_nvfp4_reciprocal_bf16x2`).
+#[inline]
+pub fn nvfp4_reciprocal_bf16x2(s: f32, y: f32) -> (u32, u32) {
+    use crate::formats::bf16_from_f32;
+    let hi = bf16_from_f32(y) as u32;
+    let rest = (-f32::from_bits(hi << 16)).mul_add(s, 1.0) * y;
+    let lo = bf16_from_f32(rest) as u32;
+    (hi | (hi << 16), lo | (lo << 16))
+}
+
+/// NVFP4 codes of two values of a tile (f32 bits `x0`, `x1`) as the CUDA
+/// kernels compute them, on BF16 pairs (twin `kv_e2m1x2_of_quotient_bf16x2`).
+/// Returns `(m, z)`: `m` holds `bf16(128 + code)` of each value's magnitude
+/// (the code in bits 0..3 and 16..19, bits 3..8 and 19..24 zero) and `z` a
+/// BF16 pair whose sign bits are the codes' sign bits.
+///
+/// Each value's key is its top half with bit 0 set where the low half is not
+/// zero: `|r|` rounded to 8 significant bits by round-to-odd, which compares
+/// with every number of at most 7 significant bits as `|r|` does. The grid's
+/// decision points `t s` (`t` of 0.25 .. 5 has at most 3 significant bits,
+/// the scale `s` 4) are such numbers, so `e2m1(r / s)` is `e2m1(key / s)`.
+/// The key's magnitude (a NaN made 0) is divided by `fma(key, yhi, key ylo)`
+/// ([`nvfp4_reciprocal_bf16x2`]); that BF16 quotient is the exact `t` where
+/// `key = t s` and on the right side of every `t` elsewhere, for every scale
+/// code (tests/formats_exhaustive.rs runs every key against every code).
+/// The magnitude code is `min(2q, q + 2, q/2 + 4, 7)` rounded at unit
+/// spacing, as [`e2m1_magnitude_bits`](crate::formats::e2m1_magnitude_bits)
+/// does in f32, here by adding 128 in BF16; an infinite key gives an
+/// infinite or NaN quotient (`inf - inf` or `inf × 0` with `ylo`), which the
+/// NaN-ignoring minima make code 7. The
+/// sign is the key's, with a NaN made `+inf` (code 0 has no sign).
+#[inline]
+pub fn e2m1x2_of_quotient_bf16x2(x0: u32, x1: u32, yhi: u32, ylo: u32) -> (u32, u32) {
+    use crate::formats::{bf16x2_fma, bf16x2_max, bf16x2_min, byte_perm, u16x2_min};
+    let high = byte_perm(x0, x1, 0x7632);
+    let low = byte_perm(x0, x1, 0x5410);
+    let key = high | u16x2_min(low, 0x0001_0001);
+    let v = bf16x2_max(key & 0x7fff_7fff, 0);
+    let q = bf16x2_fma(v, yhi, bf16x2_fma(v, ylo, 0x8000_8000));
+    let c1 = bf16x2_fma(q, 0x4000_4000, 0x4300_4300);
+    let c2 = bf16x2_fma(q, 0x3f80_3f80, 0x4302_4302);
+    let c3 = bf16x2_fma(q, 0x3f00_3f00, 0x4304_4304);
+    let m = bf16x2_min(bf16x2_min(c1, c2), bf16x2_min(c3, 0x4307_4307));
+    (m, bf16x2_min(key, 0x7f80_7f80))
+}
+
+/// The NVFP4 bytes of two [`e2m1x2_of_quotient_bf16x2`] results `(ma, za)`
+/// (values 0, 1) and `(mb, zb)` (values 2, 3) in bits 0..16: byte 0 is
+/// `code0 | code1 << 4`, byte 1 `code2 | code3 << 4`; bits 16..32 are not
+/// meaningful. The magnitudes' low bytes and the signs replicated from the
+/// high bytes of `z` go to one word, nibbles of one byte in bytes 0 and 2
+/// (twin `kv_e2m1x4_bytes_bf16x2`).
+#[inline]
+pub fn e2m1x4_bytes_bf16x2(ma: u32, za: u32, mb: u32, zb: u32) -> u32 {
+    use crate::formats::byte_perm;
+    let t = byte_perm(ma, mb, 0x6240) | (byte_perm(za, zb, 0xfbd9) & 0x0808_0808);
+    t.wrapping_add(t >> 12)
+}
+
 /// GPT-J rotation of one pair: `(fma(e, c, -f32(o s)), fma(o, c, f32(e s)))`.
 /// The NoPE pairs run it too with `c = 1, s = 0`.
 #[inline]
