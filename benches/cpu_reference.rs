@@ -1,9 +1,10 @@
 //! Throughput of the CPU reference: tokens per second per operation at
 //! T = 1024, on one thread and on all of them.
 //!
-//! Inputs as in `shared/spec/anchors.md` (random normal latents, positions
-//! `0..T`, slots a random permutation of a 64-row-per-block cache; CR2 as 4
-//! requests of T/4 consecutive positions), built by
+//! Inputs as the GPU bench builds them (docs/benchmarks.md: random normal
+//! latents, positions `0..T`, slots a random permutation of a
+//! 64-row-per-block cache; CR2 as 4 requests of T/4 consecutive positions),
+//! built by
 //! `dsv4_kvcache::testkit`.
 //!
 //! ```text
