@@ -23,6 +23,7 @@ use dsv4_kvcache::kernel_abi::{
     compress_params, fused_params, CompressPtrs, InsertPtrs, KernelParams,
 };
 use dsv4_kvcache::launch::{Cr2Items, Launch};
+use dsv4_kvcache::layout::RecordLayout;
 use dsv4_kvcache::ops::{plan_compress, plan_fused, CompressPlan, FusedPlan};
 use dsv4_kvcache::vectors::Op;
 use dsv4_kvcache::{CompressArgs, CpuBackend, FusedArgs, LaunchPolicy, Tensor, TensorMut};
@@ -189,15 +190,20 @@ fn run_host(exes: &(PathBuf, PathBuf), case: &Case, plan: &Plan, launch: &Launch
     )
 }
 
-#[test]
-fn host_built_compressor_kernels_match_the_reference() {
-    let build = |s| host_kernels::build(s);
-    let exes = match (build("compress_host.cpp"), build("fused_host.cpp")) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(why), _) | (_, Err(why)) => {
-            return host_kernels::skipped(&format!("compressor host kernels: {why}"))
-        }
-    };
+/// The compress and fused harnesses built with `defines`, or why not.
+fn build_both(defines: &[&str]) -> Result<(PathBuf, PathBuf), String> {
+    let build = |s| host_kernels::build(s, defines);
+    Ok((build("compress_host.cpp")?, build("fused_host.cpp")?))
+}
+
+/// Runs every compressor case that `keep` accepts through the host-built
+/// kernels `exes` under each distinct one-group launch the policies make,
+/// compares the outputs and skip counts with the CPU reference, removes the
+/// executables, and returns the kernels that ran.
+fn check_against_reference(
+    exes: (PathBuf, PathBuf),
+    keep: impl Fn(&Case) -> bool,
+) -> BTreeSet<&'static str> {
     let mut cases = Vec::new();
     let kinds: Vec<_> = all_kinds()
         .into_iter()
@@ -213,6 +219,7 @@ fn host_built_compressor_kernels_match_the_reference() {
             Op::FusedSaveCompressNorm | Op::FusedCompressInsert
         )
     }));
+    cases.retain(|c| keep(c));
     // The default policy (the generic kernels for their types) and lone CR2
     // groups (the tuned kernels' one-group form) at each block size.
     let mut policies = vec![LaunchPolicy::default()];
@@ -262,12 +269,47 @@ fn host_built_compressor_kernels_match_the_reference() {
     let _ = std::fs::remove_file(&exes.0);
     let _ = std::fs::remove_file(&exes.1);
     assert_eq!(bad, 0, "{bad} of {runs} runs differ");
-    // Every one-group kernel ran: two compress and ten fused ones, tuned
-    // and generic.
-    assert_eq!(kernels.len(), 24, "kernels run: {kernels:?}");
     println!(
         "compressor host kernels: {} cases, {runs} runs, 0 mismatching ({kernels:?})",
         cases.len()
+    );
+    kernels
+}
+
+#[test]
+fn host_built_compressor_kernels_match_the_reference() {
+    let exes = match build_both(&[]) {
+        Ok(e) => e,
+        Err(why) => return host_kernels::skipped(&format!("compressor host kernels: {why}")),
+    };
+    let kernels = check_against_reference(exes, |_| true);
+    // Every one-group kernel ran: two compress and ten fused ones, tuned
+    // and generic.
+    assert_eq!(kernels.len(), 24, "kernels run: {kernels:?}");
+}
+
+/// The compressors and the fused NVFP4 writers as sm_90 builds them: the
+/// prelude's BF16 pair conversion for the latent and the NVFP4 encoder on
+/// BF16 pairs, the packed arithmetic built on the host from its Rust twins'
+/// definitions (`KV_HOST_BF16X2_ARITH`, tests/host_kernels/prelude_host.h).
+#[test]
+fn host_built_compressors_on_bf16_pairs_match_the_reference() {
+    let exes = match build_both(&["KV_HOST_BF16X2_ARITH"]) {
+        Ok(e) => e,
+        Err(why) => return host_kernels::skipped(&format!("compressor host kernels: {why}")),
+    };
+    let kernels = check_against_reference(exes, |c| {
+        c.kind.op == Op::FusedSaveCompressNorm || c.kind.layout == RecordLayout::Nvfp4
+    });
+    // The compressors (CR1, CR2, tuned and generic) and the fused NVFP4
+    // kernels (CR1 and CR2, tuned and generic).
+    assert!(
+        kernels.iter().any(|k| k.contains("nvfp4")),
+        "kernels run: {kernels:?}"
+    );
+    assert!(
+        kernels.iter().any(|k| k.starts_with("kv_compress")),
+        "kernels run: {kernels:?}"
     );
 }
 
@@ -277,7 +319,7 @@ fn host_built_compressor_kernels_match_the_reference() {
 /// codes, NaN payloads included.
 #[test]
 fn host_built_f16_decode_is_the_reference_on_every_code() {
-    let exe = match host_kernels::build("formats_host.cpp") {
+    let exe = match host_kernels::build("formats_host.cpp", &[]) {
         Ok(e) => e,
         Err(why) => return host_kernels::skipped(&format!("F16 decode on the host: {why}")),
     };

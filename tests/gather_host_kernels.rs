@@ -124,12 +124,9 @@ fn run_host(
     (run.bufs.swap_remove(6), run.counts, Some(kernel.name()))
 }
 
-#[test]
-fn host_built_kernels_match_the_reference() {
-    let exe = match host_kernels::build("gather_host.cpp") {
-        Ok(e) => e,
-        Err(why) => return host_kernels::skipped(&format!("gather host kernels: {why}")),
-    };
+/// Every layout's gathers through the host-built kernels `exe` under each
+/// row mapping, against the CPU reference; removes `exe`.
+fn check_against_reference(exe: PathBuf) {
     let cpu = CpuBackend::new();
     let mut cases = Vec::new();
     let mut seed = 0u64;
@@ -194,4 +191,23 @@ fn host_built_kernels_match_the_reference() {
         "{bad} of {} runs differ",
         policies.len() * cases.len()
     );
+}
+
+#[test]
+fn host_built_kernels_match_the_reference() {
+    match host_kernels::build("gather_host.cpp", &[]) {
+        Ok(exe) => check_against_reference(exe),
+        Err(why) => host_kernels::skipped(&format!("gather host kernels: {why}")),
+    }
+}
+
+/// The gathers as sm_90 builds them: the prelude's BF16 pair conversion and
+/// multiplication, built on the host from their Rust twins' definitions
+/// (`KV_HOST_BF16X2_ARITH`, tests/host_kernels/prelude_host.h).
+#[test]
+fn host_built_kernels_on_bf16_pairs_match_the_reference() {
+    match host_kernels::build("gather_host.cpp", &["KV_HOST_BF16X2_ARITH"]) {
+        Ok(exe) => check_against_reference(exe),
+        Err(why) => host_kernels::skipped(&format!("gather host kernels: {why}")),
+    }
 }

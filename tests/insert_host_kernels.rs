@@ -115,9 +115,11 @@ fn host_kinds() -> Vec<Kind> {
         .collect()
 }
 
-#[test]
-fn host_built_insert_kernels_match_the_reference() {
-    let exe = match host_kernels::build("insert_host.cpp") {
+/// Builds the insert harness with `defines`, runs every insert case
+/// through it under each distinct launch the policies make, and compares the
+/// cache bytes and skip counts with the CPU reference.
+fn check_against_reference(defines: &[&str]) {
+    let exe = match host_kernels::build("insert_host.cpp", defines) {
         Ok(e) => e,
         Err(why) => return host_kernels::skipped(&format!("insert host kernels: {why}")),
     };
@@ -187,4 +189,18 @@ fn host_built_insert_kernels_match_the_reference() {
         "insert host kernels: {} cases, {runs} runs, 0 mismatching ({kernels:?})",
         cases.len()
     );
+}
+
+#[test]
+fn host_built_insert_kernels_match_the_reference() {
+    check_against_reference(&[]);
+}
+
+/// The inserts as sm_90 builds them: the NVFP4 encoder on BF16 pairs
+/// (`kv_e2m1x2_of_quotient_bf16x2`), the BF16 and e4m3 pair conversions and
+/// byte permutes, built on the host from their Rust twins' definitions
+/// (`KV_HOST_BF16X2_ARITH`, tests/host_kernels/prelude_host.h).
+#[test]
+fn host_built_inserts_on_bf16_pairs_match_the_reference() {
+    check_against_reference(&["KV_HOST_BF16X2_ARITH"]);
 }

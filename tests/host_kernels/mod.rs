@@ -16,10 +16,14 @@ pub fn skipped(msg: &str) {
 /// Builds `tests/host_kernels/<source>` into a temporary executable; `Err`
 /// says why it could not (no host C++ compiler). A compiler that exists but
 /// fails on the kernel source is a test failure.
-pub fn build(source: &str) -> Result<PathBuf, String> {
+///
+/// `defines` are preprocessor symbols (`-D`), for example
+/// `KV_HOST_BF16X2_ARITH`: sm_90's hardware vocabulary built on the host.
+pub fn build(source: &str, defines: &[&str]) -> Result<PathBuf, String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let stem = source.trim_end_matches(".cpp");
-    let exe = std::env::temp_dir().join(format!("dsv4_{stem}_{}", std::process::id()));
+    let tag: String = defines.iter().map(|d| format!("_{d}")).collect();
+    let exe = std::env::temp_dir().join(format!("dsv4_{stem}{tag}_{}", std::process::id()));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let out = Command::new(&cxx)
         .args([
@@ -29,6 +33,7 @@ pub fn build(source: &str) -> Result<PathBuf, String> {
             "-Wno-unknown-pragmas",
             "-pthread",
         ])
+        .args(defines.iter().map(|d| format!("-D{d}")))
         .arg("-iquote")
         .arg(root.join("kernels-hip"))
         .arg("-iquote")

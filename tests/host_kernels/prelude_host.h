@@ -81,3 +81,112 @@ KV_DEVICE float kv_u2f(uint32_t u) {
     memcpy(&f, &u, 4);
     return f;
 }
+
+#if defined(KV_HOST_BF16X2_ARITH)
+// sm_90's hardware vocabulary (kernels-cuda/prelude.cuh: the BF16 pair
+// conversion and arithmetic, byte permutes, e4m3 pairs) built on the host
+// as the Rust twins in src/numerics/formats.rs define it (bf16_fma,
+// bf16x2_min/max, u16x2_min, byte_perm), so that the host-kernel tests run
+// the kernels' sm_90 code paths (the NVFP4 encoder on BF16 pairs among
+// them) on machines without a GPU.
+#define KV_HW_BF16X2 1
+#define KV_HW_BF16X2_ARITH 1
+
+KV_DEVICE float kv_host_bf16_to_f32(uint16_t h) { return kv_u2f((uint32_t)h << 16); }
+
+// f32 -> BF16, nearest even, every NaN as 0x7FFF (cvt.rn.bf16.f32).
+KV_DEVICE uint16_t kv_host_bf16_rn(float x) {
+    uint32_t u = kv_f2u(x);
+    if (isnan(x)) return 0x7fffu;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+KV_DEVICE uint32_t kv_hw_bf16x2(float lo, float hi) {
+    return (uint32_t)kv_host_bf16_rn(lo) | ((uint32_t)kv_host_bf16_rn(hi) << 16);
+}
+
+// BF16 nearest-even rounding of the real s + err (formats.rs bf16_round).
+KV_DEVICE uint16_t kv_host_bf16_round(double s, double err) {
+    uint16_t sign = signbit(s) ? 0x8000u : 0u;
+    double a = fabs(s);
+    if (s < 0.0) err = -err;
+    if (a == 0.0) return (uint16_t)(kv_f2u((float)s) >> 16);
+    uint64_t bits;
+    memcpy(&bits, &a, 8);
+    int e = (int)(bits >> 52) - 1023;
+    if (e < -126) e = -126;
+    double ulp = ldexp(1.0, e - 7);
+    double n = a / ulp;
+    double fl = floor(n);
+    double frac = n - fl;
+    bool up = frac > 0.5 || (frac == 0.5 && (err > 0.0 || (err == 0.0 && fmod(fl, 2.0) == 1.0)));
+    double r = (up ? fl + 1.0 : fl) * ulp;
+    return (uint16_t)(sign | (kv_f2u((float)r) >> 16));
+}
+
+// a b + c rounded once (formats.rs bf16_fma: the product is exact in f64,
+// the sum's error recovered by two-sum).
+KV_DEVICE uint16_t kv_host_bf16_fma(uint16_t a, uint16_t b, uint16_t c) {
+    double p = (double)kv_host_bf16_to_f32(a) * (double)kv_host_bf16_to_f32(b);
+    double cc = (double)kv_host_bf16_to_f32(c);
+    double s = p + cc;
+    if (!isfinite(s)) return isnan(s) ? 0x7fffu : (uint16_t)(kv_f2u((float)s) >> 16);
+    double bb = s - p;
+    double err = (p - (s - bb)) + (cc - bb);
+    return kv_host_bf16_round(s, err);
+}
+
+// NaN-ignoring minimum or maximum (formats.rs bf16_min_max).
+KV_DEVICE uint16_t kv_host_bf16_min_max(uint16_t a, uint16_t b, bool max) {
+    float x = kv_host_bf16_to_f32(a), y = kv_host_bf16_to_f32(b);
+    if (isnan(x) && isnan(y)) return 0x7fffu;
+    if (isnan(x)) return b;
+    if (isnan(y)) return a;
+    return ((y > x) == max && y != x) ? b : a;
+}
+
+KV_DEVICE uint32_t kv_hw_bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+    return (uint32_t)kv_host_bf16_fma((uint16_t)a, (uint16_t)b, (uint16_t)c) |
+           ((uint32_t)kv_host_bf16_fma((uint16_t)(a >> 16), (uint16_t)(b >> 16), (uint16_t)(c >> 16)) << 16);
+}
+// mul.rn.bf16x2: the fma with a -0 addend, which keeps the product's sign of zero.
+#define KV_HW_BF16X2_MUL 1
+KV_DEVICE uint32_t kv_hw_bf16x2_mul(uint32_t a, uint32_t b) { return kv_hw_bf16x2_fma(a, b, 0x80008000u); }
+KV_DEVICE uint32_t kv_hw_bf16x2_min(uint32_t a, uint32_t b) {
+    return (uint32_t)kv_host_bf16_min_max((uint16_t)a, (uint16_t)b, false) |
+           ((uint32_t)kv_host_bf16_min_max((uint16_t)(a >> 16), (uint16_t)(b >> 16), false) << 16);
+}
+KV_DEVICE uint32_t kv_hw_bf16x2_max(uint32_t a, uint32_t b) {
+    return (uint32_t)kv_host_bf16_min_max((uint16_t)a, (uint16_t)b, true) |
+           ((uint32_t)kv_host_bf16_min_max((uint16_t)(a >> 16), (uint16_t)(b >> 16), true) << 16);
+}
+KV_DEVICE uint32_t kv_hw_u16x2_min(uint32_t a, uint32_t b) {
+    uint32_t lo = (a & 0xffffu) < (b & 0xffffu) ? (a & 0xffffu) : (b & 0xffffu);
+    uint32_t hi = (a & 0xffff0000u) < (b & 0xffff0000u) ? (a & 0xffff0000u) : (b & 0xffff0000u);
+    return lo | hi;
+}
+// __byte_perm (the selector's low three bits a byte) and e4m3 pairs
+// (cvt.rn.satfinite.e4m3x2.f32, which the kernels give no NaN): the
+// software encoder twice, so that the kernels' paths through the pair
+// conversion run here too.
+#define KV_HW_BYTE_PERM 1
+KV_DEVICE uint32_t kv_hw_byte_perm_sx(uint32_t a, uint32_t b, uint32_t s);
+KV_DEVICE uint32_t kv_hw_byte_perm(uint32_t a, uint32_t b, uint32_t s) { return kv_hw_byte_perm_sx(a, b, s & 0x7777u); }
+#define KV_HW_E4M3X2 1
+KV_DEVICE uint8_t kv_e4m3_from_f32(float x);
+KV_DEVICE uint16_t kv_hw_e4m3x2(float lo, float hi) {
+    return (uint16_t)(kv_e4m3_from_f32(lo) | (kv_e4m3_from_f32(hi) << 8));
+}
+// prmt.b32's default mode (formats.rs byte_perm).
+KV_DEVICE uint32_t kv_hw_byte_perm_sx(uint32_t a, uint32_t b, uint32_t s) {
+    uint64_t src = ((uint64_t)b << 32) | a;
+    uint32_t w = 0;
+    for (int i = 0; i < 4; ++i) {
+        uint32_t n = (s >> (4 * i)) & 0xfu;
+        uint32_t byte = (uint32_t)((src >> (8 * (n & 7u))) & 0xffu);
+        if (n & 8u) byte = 0xffu * (byte >> 7);
+        w |= byte << (8 * i);
+    }
+    return w;
+}
+#endif
