@@ -77,6 +77,7 @@ def make_inputs(T, dev, gen_seed=1234):
 def build_ops(T, dev, baselines, tune_warps=False, ours=False):
     """{label: (kind, zero-arg callable)}; kind is 'seed', 'own' or 'ours'."""
     latent, positions, cos_sin, slots, nb, g = make_inputs(T, dev)
+    pkg = _ours() if ours else None
     ops = {}
     for layout in ("mxfp8", "nvfp4"):
         cache = torch.zeros(nb, BLOCK_SIZE, seedlib.RECORD_WIDTH[layout], dtype=torch.uint8, device=dev)
@@ -106,7 +107,7 @@ def build_ops(T, dev, baselines, tune_warps=False, ours=False):
             ops["own save/compress/norm CR1" + sfx(nw)] = ("own", lambda nw=nw: own_baselines.norm_cr1(
                 kv, slots, w, 1e-6, out, num_warps=nw))
         if ours:
-            ops["ours save/compress/norm CR1"] = ("ours", lambda: _ours().fused_save_compress_norm(
+            ops["ours save/compress/norm CR1"] = ("ours", lambda: pkg.fused_save_compress_norm(
                 kv, positions, None, slots, None, None, w, 1e-6, 1, out))
         for label, reqs in (("T one-token requests", T), ("T/2 two-token requests", max(T // 2, 1)),
                             ("4 requests of T/4", 4)):
@@ -117,7 +118,7 @@ def build_ops(T, dev, baselines, tune_warps=False, ours=False):
             if ours:
                 kv2, pos2, slots2, qsl, ttr, ring = a
                 ops[f"ours save/compress/norm CR2, {label}"] = ("ours", lambda kv2=kv2, pos2=pos2, slots2=slots2,
-                                                                qsl=qsl, ttr=ttr, ring=ring: _ours().fused_save_compress_norm(
+                                                                qsl=qsl, ttr=ttr, ring=ring: pkg.fused_save_compress_norm(
                     kv2, pos2, ring, slots2, qsl, ttr, w, 1e-6, 2, out))
     return ops
 
