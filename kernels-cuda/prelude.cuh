@@ -123,11 +123,13 @@ KV_DEVICE float kv_u2f(uint32_t u) { return __uint_as_float(u); }
 //
 // e4m3 pair, round to nearest even, saturating (sm_89+): identical to
 // kv_e4m3_from_f32 on every non-NaN input (the kernels clamp first, so no NaN
-// reaches it). Result: lo in bits 0..7, hi in bits 8..15.
+// reaches it; kv_check_hw_formats runs all of them on the device). Result:
+// lo in bits 0..7, hi in bits 8..15.
 // BF16 pair, round to nearest even, no flushing (sm_80+): identical to
-// kv_bf16_from_f32 on every non-NaN input (infinities and subnormals
-// included); used only where a NaN is replaced afterwards. Result: lo in
-// bits 0..15, hi in bits 16..31.
+// kv_bf16_from_f32 on every input, infinities and subnormals included and
+// every NaN as 0x7FFF (kv_check_hw_formats runs all 2^32 inputs on the
+// device; tests/hardware_formats.rs). Result: lo in bits 0..15, hi in bits
+// 16..31.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define KV_HW_BF16X2 1
 KV_DEVICE uint32_t kv_hw_bf16x2(float lo, float hi) {

@@ -89,6 +89,22 @@ struct KvCopyParams {
     uint64_t units;           // 16-byte units to copy
 };
 
+// The device's self-check of the prelude's hardware conversions
+// (kv_check_hw_formats): the f32 bit patterns [first, first + count), each
+// through every hardware conversion the prelude has, against the software
+// definition. out[0]: BF16 pair mismatches; out[1]: e4m3 pair mismatches
+// (non-NaN inputs); out[2]: the conversions present (KV_HW_CHECK_*); out[3]:
+// an input that mismatched.
+struct KvHwCheckParams {
+    uint32_t* out;            // four counters, zeroed by the host
+    uint64_t first;           // first f32 bit pattern
+    uint64_t count;           // patterns to check (at most 2^30 a launch)
+};
+
+// out[2] bits of kv_check_hw_formats: which hardware conversions it ran.
+#define KV_HW_CHECK_BF16X2 1u
+#define KV_HW_CHECK_E4M3X2 2u
+
 struct KvFusedParams {
     KvCompressParams compress;  // the compressor part
     KvInsertParams insert;      // the insert part (its latent is the compressor's)
@@ -224,6 +240,7 @@ struct KvGatherParams {
     X(kv_fused_cr2_team_mtp_bf16, KvFusedParams)       \
     X(kv_fused_cr2_team_mtp_fp8, KvFusedParams)        \
     X(kv_copy, KvCopyParams)                           \
+    X(kv_check_hw_formats, KvHwCheckParams)            \
     X(kv_gather_v4_bf16, KvGatherParams)               \
     X(kv_gather_v4_f32, KvGatherParams)                \
     X(kv_gather_mxfp8_bf16, KvGatherParams)            \

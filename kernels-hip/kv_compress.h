@@ -37,8 +37,10 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const W& w, float eps, uint16_t 
     // slower with the product (docs/tuning.md, Kernels).
     float var = kv_divf(s, 512.0f);
     float inv = kv_divf(1.0f, kv_sqrtf(var + eps));
+    float r[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) out[j] = kv_bf16_from_f32((v[j] * inv) * kv_weight_at(w, j));
+    for (int j = 0; j < 16; ++j) r[j] = (v[j] * inv) * kv_weight_at(w, j);
+    kv_bf16x16_from_f32(r, out);
 }
 
 // ---- fused_save_compress_norm ----------------------------------------------

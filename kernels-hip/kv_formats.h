@@ -246,14 +246,32 @@ KV_DEVICE uint32_t kv_e2m1x2_scaled_bf16x2(uint32_t p, uint32_t s2) {
     return kv_bf16x2_mul_exact(kv_bf16x2_mul_exact(bits, 0x7e807e80u), s2);
 }
 
-// BF16 pair of two non-NaN values, each rounded to nearest even: a
-// prelude's hardware pair conversion (same bits on non-NaN inputs) or
-// kv_bf16_from_f32 twice.
-KV_DEVICE uint32_t kv_bf16x2_from_f32_nonnan(float lo, float hi) {
+// BF16 pair of any two values, kv_bf16_from_f32 of each (every NaN as
+// 0x7FFF): a prelude's hardware pair conversion, which gives those bits on
+// every input (the device's self-check, kv_check_hw_formats, runs all 2^32),
+// or kv_bf16_from_f32 twice.
+KV_DEVICE uint32_t kv_bf16x2_from_f32(float lo, float hi) {
 #if defined(KV_HW_BF16X2)
     return kv_hw_bf16x2(lo, hi);
 #else
     return (uint32_t)kv_bf16_from_f32(lo) | ((uint32_t)kv_bf16_from_f32(hi) << 16);
+#endif
+}
+
+// BF16 bits of 16 values, kv_bf16_from_f32 of each: by pairs where the
+// prelude has the hardware conversion (one instruction a pair against about
+// seven a value on the bits), else one by one.
+KV_DEVICE void kv_bf16x16_from_f32(const float v[16], uint16_t out[16]) {
+#if defined(KV_HW_BF16X2)
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) {
+        uint32_t two = kv_hw_bf16x2(v[j], v[j + 1]);
+        out[j] = (uint16_t)(two & 0xffffu);
+        out[j + 1] = (uint16_t)(two >> 16);
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < 16; ++j) out[j] = kv_bf16_from_f32(v[j]);
 #endif
 }
 

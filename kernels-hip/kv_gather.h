@@ -298,8 +298,8 @@ KV_DEVICE bool kv_gather_codes_bf16_common(const uint32_t w[4], uint32_t sc, con
     } else {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            o[k] = kv_bf16x2_from_f32_nonnan(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, 0.0f, fp8),
-                                             kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, 0.0f, fp8));
+            o[k] = kv_bf16x2_from_f32(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, 0.0f, fp8),
+                                      kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, 0.0f, fp8));
     }
     return kv_gather_finite<LAYOUT, false>(w, sc, fp8);
 }
@@ -318,8 +318,8 @@ KV_DEVICE void kv_gather_codes_bf16_rest(const uint32_t w[4], uint32_t sc, const
     if (fp8_fast || (pow2 && kv_gather_finite<LAYOUT, false>(w, sc, fp8))) {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            o[k] = kv_bf16x2_from_f32_nonnan(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, 0.0f, fp8),
-                                             kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, 0.0f, fp8));
+            o[k] = kv_bf16x2_from_f32(kv_gather_finite_value<LAYOUT>(w, 2 * k, sc, 0.0f, fp8),
+                                      kv_gather_finite_value<LAYOUT>(w, 2 * k + 1, sc, 0.0f, fp8));
         if (fp8_fast) kv_gather_fp8_nan_canonical(w, o);
         return;
     }

@@ -261,8 +261,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         float re, ro;
         kv_rope_pair(kv_bf16_to_f32((uint16_t)(rope & 0xffffu)), kv_bf16_to_f32((uint16_t)(rope >> 16)), c, sn,
                      &re, &ro);
-        uint32_t out = (uint32_t)kv_bf16_from_f32(kv_sanitized(re, sanitize)) |
-                       ((uint32_t)kv_bf16_from_f32(kv_sanitized(ro, sanitize)) << 16);
+        uint32_t out = kv_bf16x2_from_f32(kv_sanitized(re, sanitize), kv_sanitized(ro, sanitize));
         *(uint32_t*)(values + 448 + 4 * tile) = out;
     } else if (LAYOUT == KV_LAYOUT_MXFP8) {
         uint8_t* values = page + row * 512;
@@ -293,8 +292,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         scales[tile] = sb;
     } else if (LAYOUT == KV_LAYOUT_BF16) {
         uint16_t o[16];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) o[j] = kv_bf16_from_f32(r[j]);
+        kv_bf16x16_from_f32(r, o);
         kv_store16h((uint16_t*)(page + row * p.row_stride) + 16 * tile, o);
     } else {
         float inv = kv_divf(1.0f, fp8_scale);

@@ -5,7 +5,8 @@
 #   bash scripts/gpu-check.sh bundle DIR   # here: build and copy what the run needs into DIR
 #   bash DIR/gpu-check.sh run DIR          # there: run every check, print PASS/FAIL lines
 #
-# The run: device parity in every kernel mapping (one process), the same run
+# The run: device parity in every kernel mapping (one process), the
+# hardware conversions against their definitions on all 2^32 inputs, the same run
 # under compute-sanitizer memcheck (fewer cases), graph capture and replay,
 # the seed vectors (test and `verify`), the same-errors test, the reader's
 # device parity (gather_device), `demo`, 8 threads sharing one backend on
@@ -17,7 +18,7 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-TESTS=(device_parity cuda_graph seed_vectors same_errors gather_device concurrency)
+TESTS=(device_parity hardware_formats cuda_graph seed_vectors same_errors gather_device concurrency)
 
 bundle() {
     local out="$1"
@@ -82,6 +83,7 @@ run() {
     export DSV4_KVCACHE_REQUIRE_GPU=cuda
     local bin="$dir/bin"
     step device_parity "$bin/device_parity" --nocapture
+    step hardware_formats "$bin/hardware_formats" --nocapture
     step cuda_graph "$bin/cuda_graph" --nocapture
     step seed_vectors "$bin/seed_vectors" --nocapture
     step same_errors "$bin/same_errors" --nocapture

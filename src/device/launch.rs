@@ -600,8 +600,10 @@ mod tests {
             }
             seen.insert(insert_wide_kernel(l));
         }
-        // The copy kernel is the bench's roofline, not an operation's.
+        // The copy kernel is the bench's roofline and the other the
+        // device's self-check, not an operation's.
         seen.insert(Kernel::Copy);
+        seen.insert(Kernel::CheckHwFormats);
         // The reader's kernels: the slot form runs its own where the
         // mapping gives a row a group or a row over two.
         for (_, pol) in LaunchPolicy::MAPPINGS {

@@ -37,11 +37,13 @@
 
 pub(crate) mod bind;
 pub mod driver;
+mod selfcheck;
 mod streams;
 mod timing;
 mod touched;
 
 pub use driver::{DeviceFacts, Driver};
+pub use selfcheck::HwFormatCheck;
 pub use streams::{OnStream, Stream};
 pub use timing::{CapturedGraph, SmCopyRate};
 
