@@ -603,7 +603,7 @@ mod tests {
                 assert_eq!(k.param_block(), block, "{k:?}");
             }
         }
-        assert_eq!(Kernel::ALL.len(), 94);
+        assert_eq!(Kernel::ALL.len(), 95);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(k.index(), i);
             assert!(k.name().starts_with("kv_"));

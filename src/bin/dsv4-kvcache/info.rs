@@ -1,4 +1,5 @@
-//! `info`: version, embedded kernels, the devices found and the sanitize policy.
+//! `info`: version, embedded kernels, the devices found (a CUDA device with
+//! the self-check of its hardware conversions) and the sanitize policy.
 
 use crate::select::{cuda_facts, hip_facts};
 use crate::CliResult;

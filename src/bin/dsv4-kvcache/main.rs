@@ -36,7 +36,8 @@ dsv4-kvcache: DeepSeek V4 KV-cache records, bit-identical on the CPU, CUDA and H
 
 usage:
   dsv4-kvcache info
-      version, embedded kernels, devices found, sanitize policy
+      version, embedded kernels, devices found (each CUDA device runs the self-check of its
+      hardware conversions), sanitize policy
   dsv4-kvcache demo [--backend auto|cpu|cuda|hip] [--requests R] [--prefill-tokens P]
                     [--decode-steps D] [--seed S]
       chunked prefill and decode through the CR2 ring into all five cache layouts,

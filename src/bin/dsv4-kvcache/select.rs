@@ -106,10 +106,35 @@ mod cuda_wiring {
         }
         Ok((0..n)
             .map(|d| match CudaBackend::new(d) {
-                Ok(b) => format!("{} — kernels loaded", b.name()),
+                Ok(b) => format!("{} — kernels loaded; {}", b.name(), hw_formats(&b)),
                 Err(e) => format!("cuda:{d}: {}", crate::select::reason(&e)),
             })
             .collect())
+    }
+
+    /// What the device's self-check says about the hardware conversions
+    /// its kernels use in place of the software definitions.
+    fn hw_formats(b: &CudaBackend) -> String {
+        match b.check_hw_formats() {
+            Ok(r) if r.exact() => format!(
+                "hardware conversions exact (BF16 pairs {}, e4m3 pairs {})",
+                if r.bf16x2 {
+                    "on all 2^32 inputs"
+                } else {
+                    "not used"
+                },
+                if r.e4m3x2 {
+                    "on every non-NaN input"
+                } else {
+                    "not used"
+                }
+            ),
+            Ok(r) => format!("HARDWARE CONVERSIONS DIFFER FROM THE DEFINITIONS: {r:?}"),
+            Err(e) => format!(
+                "hardware conversions not checked: {}",
+                crate::select::reason(&e)
+            ),
+        }
     }
 }
 
