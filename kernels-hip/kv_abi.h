@@ -93,7 +93,7 @@ struct KvCopyParams {
 // (kv_check_hw_formats): the f32 bit patterns [first, first + count), each
 // through every hardware conversion the prelude has, against the software
 // definition. out[0]: BF16 pair mismatches; out[1]: e4m3 pair mismatches
-// (non-NaN inputs); out[2]: the conversions present (KV_HW_CHECK_*); out[3]:
+// (non-NaN inputs); out[2]: the conversions present (the bits below); out[3]:
 // an input that mismatched.
 struct KvHwCheckParams {
     uint32_t* out;            // four counters, zeroed by the host
