@@ -33,9 +33,10 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const W& w, float eps, uint16_t 
     s = s + kv_shfl_xor(s, 4);
     s = s + kv_shfl_xor(s, 2);
     s = s + kv_shfl_xor(s, 1);
-    // A division, although s * 2^-9 gives the same bits: compress CR1 ran
-    // slower with the product (docs/tuning.md, Kernels).
-    float var = kv_divf(s, 512.0f);
+    // s / 512 as its product with 2^-9: the same real, so the same rounded
+    // bits (tests/formats_exhaustive.rs), without the division's range check
+    // (CR1 1-2 % faster at decode sizes: docs/tuning.md, The norm).
+    float var = s * 0.001953125f;
     float inv = kv_divf(1.0f, kv_sqrtf(var + eps));
     float r[16];
 #pragma unroll
@@ -49,12 +50,13 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const W& w, float eps, uint16_t 
 // it, and in the fused kernels insert it. The item passes the token's
 // position (one tensor serves the compressor and the insert), so only the
 // cache slot is read here.
-template <bool FUSED, int LAYOUT, bool WIDE = false>
+// HAVE_SLOT: the caller loaded the insert's cache slot (`slot`).
+template <bool FUSED, int LAYOUT, bool WIDE = false, bool HAVE_SLOT = false>
 KV_DEVICE void kv_emit_latent(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, unsigned lane,
-                              const uint16_t out[16], int64_t pos) {
+                              const uint16_t out[16], int64_t pos, int64_t slot = 0) {
     if (!FUSED || (c.flags & KV_F_WRITE_LATENT)) kv_store16h(c.latent + t * 512 + 16 * lane, out);
     if (FUSED) {
-        int64_t slot = kv_load_index(ins->slots, (ins->flags & KV_F_SLOT_I64) != 0u, t);
+        if (!HAVE_SLOT) slot = kv_load_index(ins->slots, (ins->flags & KV_F_SLOT_I64) != 0u, t);
         if (slot < 0) return;
         // The scale only for a slot that is written: the one-group fused CR2
         // kernels sit at AMD's scalar-register limit.
@@ -69,17 +71,29 @@ KV_DEVICE void kv_emit_latent(const KvCompressParams& c, const KvInsertParams* i
 template <bool FUSED, int LAYOUT, bool WIDE = false>
 KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t) {
     unsigned lane = kv_lane();
-    // Row, weights and slot in one round trip.
+    // Row, weights and indices in one round trip. nvcc loads data used only
+    // past an early exit after that exit, so an item whose skip test came
+    // first waited for its indices and then for its row; the test therefore
+    // follows the norm (no effect before it; its shuffles keep the loads
+    // ahead), and the insert's slot is loaded with the rest. Not in the
+    // fused BF16 and FP8 rows, which ran slower that way at 8192 tokens, nor
+    // in the generic kernels (docs/tuning.md, The skip test after the norm).
+    constexpr bool SKIP_LATE =
+        !WIDE && (!FUSED || (LAYOUT != KV_LAYOUT_BF16 && LAYOUT != KV_LAYOUT_FP8));
     float v[16];
     typename KvWeight16<WIDE>::T w;
     kv_loadNf<16>(c.kv_score + t * c.kv_row_stride + 16 * lane, v);
     if constexpr (!WIDE) kv_load_weight16(c, lane, &w);
     int64_t pos = FUSED ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t) : 0;
-    if (kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t) < 0) return;
+    int64_t ins_slot =
+        FUSED && SKIP_LATE ? kv_load_index(ins->slots, (ins->flags & KV_F_SLOT_I64) != 0u, t) : 0;
+    int64_t slot = kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t);
+    if (!SKIP_LATE && slot < 0) return;
     if constexpr (WIDE) kv_load_weight16(c, lane, &w);
     uint16_t out[16];
     kv_rms_norm16(v, w, c.eps, out);
-    kv_emit_latent<FUSED, LAYOUT, WIDE>(c, ins, t, lane, out, pos);
+    if (SKIP_LATE && slot < 0) return;
+    kv_emit_latent<FUSED, LAYOUT, WIDE, SKIP_LATE>(c, ins, t, lane, out, pos, ins_slot);
 }
 
 // ---- CR2 items, alone or in teams -----------------------------------------

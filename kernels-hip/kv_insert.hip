@@ -4,8 +4,9 @@
 
 template <int LAYOUT, bool TILES, bool WIDE = false>
 KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile) {
-    // The latent row is loaded with the indices (t < n, so it exists): a
-    // skipped token costs 1 KB of reads, a written one a round trip less.
+    // The latent row is loaded with the indices (t < n, so it exists). ptxas
+    // still issues it after the checks on sm_90; pinning it there cost more
+    // than the round trip (docs/tuning.md, The skip test after the norm).
     uint16_t h[16];
     const uint16_t* row = p.latent + t * p.latent_row_stride;
     kv_load16h(row + 16 * tile, h);

@@ -54,6 +54,22 @@ fn bit_chunks(
     })
 }
 
+// ---- the norm ---------------------------------------------------------------------
+
+/// The kernels' norm takes `var = sum / 512` as `sum * 2^-9`
+/// (`kv_rms_norm16`), where `math::inv_rms_512` divides: the two are the
+/// same real number, so they must round to the same bits on all 2^32 f32
+/// (subnormal results and NaNs included; a NaN sum gives a NaN either way).
+#[test]
+fn var_by_product_is_var_by_division_on_every_f32() {
+    let (d, m) = std::hint::black_box((512.0f32, 0.001953125f32));
+    no_disagreement(find_bits(0, 1 << 32, |x| {
+        let s = f32::from_bits(x);
+        let (a, b) = (s / d, s * m);
+        a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan())
+    }));
+}
+
 // ---- BF16 -------------------------------------------------------------------------
 
 /// Ours against `half::bf16::from_f32` on all 2^32 f32 bit patterns: equal
