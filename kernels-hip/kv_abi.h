@@ -149,6 +149,8 @@ struct KvGatherParams {
 #define KV_F_SANITIZE 256u
 // CR2 team launches: a token block checks one token per group (kv_cr2_token_block).
 #define KV_F_SCREEN_TOKENS 512u
+// CR2 team launches: a token block checks one token per lane (kv_cr2_token_sweep).
+#define KV_F_SWEEP_TOKENS 65536u
 // Input dtypes only the generic kernels (the `_wide` ones) read: an F16
 // cos/sin table (KvInsertParams), an F16 or F32 norm weight
 // (KvCompressParams). Without them the table is F32 or BF16 (KV_F_COS_BF16)
@@ -200,6 +202,8 @@ struct KvGatherParams {
     X(kv_compress_cr2_long, KvCompressParams)          \
     X(kv_compress_cr2_team_mtp, KvCompressParams)      \
     X(kv_compress_cr2_pair_mtp, KvCompressParams)      \
+    X(kv_compress_cr2_team_swept, KvCompressParams)    \
+    X(kv_compress_cr2_pair_swept, KvCompressParams)    \
     X(kv_save_ring_rows, KvRingRowsParams)             \
     X(kv_insert_v4, KvInsertParams)                    \
     X(kv_insert_mxfp8, KvInsertParams)                 \

@@ -487,6 +487,38 @@ KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins,
 // cut the blocks a CU holds.
 extern KV_SHARED float kv_team_shared[];
 
+// Pools the tokens t0 + k (k < TEAM) that close a group (closing[k] >= 0,
+// their positions) one after the other, each by the whole team into its own
+// buffer, and then each closing token's group norms and emits it, the
+// groups at once (kv_cr2_token_block's steps after its barrier, for the
+// swept blocks); own_pos is closing[g] for the lane's group g. closing[]
+// is the same for the whole block, so every lane meets the barrier.
+// Returns whether anything was pooled (and the barrier met).
+template <bool FUSED, int LAYOUT, int TEAM>
+KV_DEVICE bool kv_cr2_pool_closing(const KvCompressParams& c, const KvInsertParams* ins, int64_t t0,
+                                   const int64_t* closing, int64_t own_pos, KvTeamLane tl, float* pooled) {
+    bool any = false;
+#pragma unroll 1
+    for (unsigned k = 0; k < (unsigned)TEAM; ++k) {
+        if (closing[k] < 0) continue;
+        any = true;
+        int64_t tk = t0 + k;
+        KvRowPart<16 / TEAM> older, newer;
+        kv_load_row_part<TEAM>(c.kv_score + (tk - 1) * c.kv_row_stride, tl, &older);
+        kv_load_row_part<TEAM>(c.kv_score + tk * c.kv_row_stride, tl, &newer);
+        float v[16 / TEAM];
+        kv_pool_part<16 / TEAM>(older, newer, v);
+        kv_storeNf<16 / TEAM>(pooled + 512u * k + kv_part_offset<TEAM>(tl), v);
+    }
+    if (!any) return false;
+    kv_sync();
+    if (own_pos < 0) return true;
+    float v[16];
+    kv_loadNf<16>(pooled + 512u * tl.g + 16u * tl.l, v);
+    kv_norm_emit<FUSED, LAYOUT>(c, ins, t0 + tl.g, own_pos, tl.l, v);
+    return true;
+}
+
 // A token block of a screened team launch (KV_F_SCREEN_TOKENS: decode
 // batches of many requests), covering TEAM tokens: group g checks token
 // TEAM b + g, the team pools those that close a group one after the other
@@ -495,7 +527,9 @@ extern KV_SHARED float kv_team_shared[];
 // emits it, the groups at once. A quarter of the token blocks (a half in
 // pairs), each as long as a token item until a second of its tokens closes
 // a group. The closing positions and the loop bounds are the same for the
-// whole block, so every lane meets every barrier.
+// whole block, so every lane meets every barrier. (The steps after the
+// barrier are kv_cr2_pool_closing's, written out: through it nvcc schedules
+// four fused pair kernels differently, and this form keeps the measured SASS.)
 template <bool FUSED, int LAYOUT, int TEAM, bool OWN2>
 KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParams* ins, int64_t b, KvTeamLane tl,
                                   float* pooled) {
@@ -529,17 +563,71 @@ KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParam
     kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, tl.l, v);
 }
 
+// A token block of a swept team launch (KV_F_SWEEP_TOKENS: decode batches
+// of no more tokens than requests), covering 32 TEAM tokens, one per lane.
+// There a token pools a group only where requests are empty, so a block per
+// TEAM tokens (kv_cr2_token_block) mostly checks and leaves: 32768 such
+// blocks were 10 % of a launch of 65,536 one-token requests on the H200
+// (docs/tuning.md, Swept token blocks). Each lane checks its token; the
+// groups' "any closes" flags come from a butterfly inside each group of 32
+// lanes, so after one barrier the block's test costs TEAM shared reads.
+// Where a token closes, the block takes its tokens TEAM at a time through
+// kv_cr2_pool_closing, the screened blocks' pooling, in the team's
+// register shape (a lone group's pooling here took gfx942's team kernels
+// from 48 to 90 VGPRs). Still, a loop around the emission holds the
+// parameters' scalars across it (gfx942's team kernels 48 -> 64 VGPRs, the
+// fused ones' SGPRs spilled), so only kernels of their own sweep, and only
+// for the plain compressor. The closing positions and the loop are the
+// same for the whole block: every lane meets every barrier.
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2>
+KV_DEVICE void kv_cr2_token_sweep(const KvCompressParams& c, const KvInsertParams* ins, int64_t b, KvTeamLane tl,
+                                  float* pooled) {
+    constexpr unsigned S = (unsigned)TEAM * KV_GROUP_LANES;
+    int64_t* closing = (int64_t*)(pooled + TEAM * 512);
+    unsigned* closes = (unsigned*)(closing + S);
+    const unsigned i = tl.g * KV_GROUP_LANES + tl.l;
+    const int64_t t0 = b * S;
+    // Each lane counts its own token's faults.
+    const KvTeamLane own = {0u, 0u};
+    int64_t pos = -1;
+    if (t0 + i < c.n) kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, true, OWN2>(c, ins, t0 + i, own, 0, &pos);
+    closing[i] = pos;
+    uint32_t any = pos >= 0 ? 1u : 0u;
+    any |= kv_shfl_xor_u32(any, 16);
+    any |= kv_shfl_xor_u32(any, 8);
+    any |= kv_shfl_xor_u32(any, 4);
+    any |= kv_shfl_xor_u32(any, 2);
+    any |= kv_shfl_xor_u32(any, 1);
+    if (tl.l == 0u) closes[tl.g] = any;
+    kv_sync();
+    uint32_t block_any = 0u;
+#pragma unroll
+    for (unsigned g = 0; g < (unsigned)TEAM; ++g) block_any |= closes[g];
+    if (block_any == 0u) return;
+    bool pooled_last = false;
+#pragma unroll 1
+    for (unsigned k = 0; k < S; k += (unsigned)TEAM) {
+        // The previous chunk's groups have read their buffers.
+        if (pooled_last) kv_sync();
+        pooled_last =
+            kv_cr2_pool_closing<FUSED, LAYOUT, TEAM>(c, ins, t0 + k, closing + k, closing[k + tl.g], tl, pooled);
+    }
+}
+
 // One CR2 item per block of TEAM groups (see "CR2 items, alone or in
-// teams"), or in a screened launch TEAM tokens (kv_cr2_token_block). Every
+// teams"), or in a screened launch TEAM tokens (kv_cr2_token_block), or in
+// a swept one (SWEEP kernels only) 32 TEAM tokens (kv_cr2_token_sweep). Every
 // lane of the block handles the same item, so the control flow up to the
 // team's barriers is the same for all of them.
-template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false>
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false, bool SWEEP = false>
 KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
     float* pooled = kv_team_shared;
     int64_t item = kv_bid();
     KvTeamLane tl = {kv_tid() / KV_GROUP_LANES, kv_lane()};
     if (item < c.num_reqs) {
         kv_cr2_request_item<FUSED, LAYOUT, TEAM, false, OWN2>(c, ins, item, tl, pooled);
+    } else if (SWEEP && (c.flags & KV_F_SWEEP_TOKENS)) {
+        kv_cr2_token_sweep<FUSED, LAYOUT, TEAM, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (c.flags & KV_F_SCREEN_TOKENS) {
         kv_cr2_token_block<FUSED, LAYOUT, TEAM, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (item - c.num_reqs < c.n) {

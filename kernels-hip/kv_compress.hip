@@ -39,6 +39,17 @@ KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair_mtp(co
     kv_compress_cr2_team<false, 0, KV_CR2_PAIR, true>(c, 0);
 }
 
+// Screened plain compresses of no more tokens than requests (one-token
+// decode): the token blocks swept, a token per lane (kv_cr2_token_sweep).
+// Kernels of their own, so that the others keep their registers.
+KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void kv_compress_cr2_team_swept(const KvCompressParams c) {
+    kv_compress_cr2_team<false, 0, KV_CR2_TEAM, false, true>(c, 0);
+}
+
+KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair_swept(const KvCompressParams c) {
+    kv_compress_cr2_team<false, 0, KV_CR2_PAIR, false, true>(c, 0);
+}
+
 // The generic kernels: an F32 or F16 weight or an F16 cos/sin table, which
 // the tuned kernels do not read (their code stays as measured). One group
 // per item (the host picks them whatever else its policy says) and the same

@@ -285,8 +285,12 @@ pub mod flags {
     pub const W_F32: u32 = super::defines::KV_F_W_F32;
     /// CR2 team launches: a token block checks one token per group and
     /// pools those that close a group (set at launch from
-    /// [`super::Geometry::screen_tokens`]).
+    /// [`super::Geometry::token_blocks`]).
     pub const SCREEN_TOKENS: u32 = super::defines::KV_F_SCREEN_TOKENS;
+    /// CR2 team launches: a token block checks one token per lane, and its
+    /// groups pool those that close a group (set at launch from
+    /// [`super::Geometry::token_blocks`]).
+    pub const SWEEP_TOKENS: u32 = super::defines::KV_F_SWEEP_TOKENS;
     /// Bits 12..14: log2 of the groups per block (set at launch by
     /// [`super::KernelParams::with_geometry`]).
     pub const GROUPS_LOG2_SHIFT: u32 = super::defines::KV_F_GROUPS_LOG2_SHIFT;
@@ -295,7 +299,7 @@ pub mod flags {
     // Every other flag sits outside the field.
     const _: () = assert!(SCREEN_TOKENS < 1 << GROUPS_LOG2_SHIFT);
     const _: () = assert!(COS_F16 < 1 << GROUPS_LOG2_SHIFT && W_F16 < 1 << GROUPS_LOG2_SHIFT);
-    const _: () = assert!(W_F32 > GROUPS_LOG2_MASK);
+    const _: () = assert!(W_F32 > GROUPS_LOG2_MASK && SWEEP_TOKENS > GROUPS_LOG2_MASK);
 }
 
 /// Device base addresses of a compress call's buffers (the plan's view
@@ -478,12 +482,40 @@ pub struct Geometry {
     /// log2 of the groups per block (the kernel's group index is
     /// `block << log2 | thread / 32`).
     pub groups_log2: u32,
-    /// CR2 teams and pairs: each token block covers one token per group
-    /// ([`crate::launch::Cr2Shape::screen_tokens`]).
-    pub screen_tokens: bool,
+    /// What a CR2 team launch's blocks past its requests cover
+    /// ([`crate::launch::Cr2Shape::tokens`]).
+    pub token_blocks: TokenBlocks,
     /// Bytes of dynamic shared memory (LDS) per block: the CR2 team kernels'
     /// buffers, 0 for the others.
     pub shared_bytes: u32,
+}
+
+/// What a block of a CR2 team launch past the request blocks covers. The
+/// kernel learns it from the compress flags
+/// ([`KernelParams::with_geometry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TokenBlocks {
+    /// One token's item, pooled by the whole team (and every launch that is
+    /// not a CR2 team launch).
+    #[default]
+    Items,
+    /// One token per group (`kv_cr2_token_block`): the team pools those
+    /// that close a group.
+    Screened,
+    /// One token per lane (`kv_cr2_token_sweep`): each group pools its
+    /// share of those that close a group alone.
+    Swept,
+}
+
+impl TokenBlocks {
+    /// Tokens a block covers in a team of `groups` groups.
+    pub fn tokens_per_block(self, groups: u32) -> u32 {
+        match self {
+            TokenBlocks::Items => 1,
+            TokenBlocks::Screened => groups,
+            TokenBlocks::Swept => groups * GROUP_LANES,
+        }
+    }
 }
 
 /// Groups in a CR2 team: one block handles one item, each lane pooling a
@@ -509,10 +541,12 @@ fn set_groups(flags: u32, g: &Geometry) -> u32 {
 
 impl KernelParams for CompressParams {
     fn with_geometry(mut self, g: &Geometry) -> Self {
-        self.flags = set_groups(self.flags, g) & !flags::SCREEN_TOKENS;
-        if g.screen_tokens {
-            self.flags |= flags::SCREEN_TOKENS;
-        }
+        self.flags = set_groups(self.flags, g) & !(flags::SCREEN_TOKENS | flags::SWEEP_TOKENS);
+        self.flags |= match g.token_blocks {
+            TokenBlocks::Items => 0,
+            TokenBlocks::Screened => flags::SCREEN_TOKENS,
+            TokenBlocks::Swept => flags::SWEEP_TOKENS,
+        };
         self
     }
 }
@@ -603,7 +637,7 @@ mod tests {
                 assert_eq!(k.param_block(), block, "{k:?}");
             }
         }
-        assert_eq!(Kernel::ALL.len(), 95);
+        assert_eq!(Kernel::ALL.len(), 97);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(k.index(), i);
             assert!(k.name().starts_with("kv_"));
@@ -693,7 +727,7 @@ mod tests {
             grid: 3,
             block_threads: 128,
             groups_log2: 2,
-            screen_tokens: false,
+            token_blocks: TokenBlocks::Items,
             shared_bytes: 0,
         };
         let p = InsertParams {
@@ -723,7 +757,7 @@ mod tests {
         // A screened launch sets its flag in the compress block, and an
         // unscreened one clears it.
         let screened = Geometry {
-            screen_tokens: true,
+            token_blocks: TokenBlocks::Screened,
             ..g
         };
         let c = CompressParams {
@@ -743,5 +777,18 @@ mod tests {
         .with_geometry(&screened);
         assert_eq!(f.compress.flags, on.flags);
         assert_eq!(f.insert.flags & flags::SCREEN_TOKENS, 0);
+        // A swept launch sets its own flag, not the screened one, and
+        // either launch after the other clears the other's.
+        let swept = Geometry {
+            token_blocks: TokenBlocks::Swept,
+            ..g
+        };
+        let sw = on.with_geometry(&swept);
+        assert_eq!(
+            sw.flags,
+            flags::HAS_PREV | flags::SWEEP_TOKENS | (2 << flags::GROUPS_LOG2_SHIFT)
+        );
+        assert_eq!(sw.with_geometry(&screened).flags, on.flags);
+        assert_eq!(sw.with_geometry(&g).flags, c.with_geometry(&g).flags);
     }
 }

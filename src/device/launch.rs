@@ -14,8 +14,8 @@ use crate::error::{Error, Result};
 use crate::kernel_abi::{
     compress_kernel, compress_wide_kernel, cos_sin_needs_wide, fused_kernel, fused_long_kernel,
     fused_pair_kernel, fused_team_kernel, fused_team_mtp_kernel, fused_wide_kernel, insert_kernel,
-    insert_tiles_kernel, insert_wide_kernel, weight_needs_wide, Geometry, Kernel, CR2_PAIR_GROUPS,
-    CR2_POOLED_BYTES, CR2_TEAM_GROUPS, GROUP_LANES,
+    insert_tiles_kernel, insert_wide_kernel, weight_needs_wide, Geometry, Kernel, TokenBlocks,
+    BLOCK_THREADS, CR2_PAIR_GROUPS, CR2_POOLED_BYTES, CR2_TEAM_GROUPS, GROUP_LANES,
 };
 use crate::ops::{CompressPlan, FusedPlan, InsertPlan, RingRowsPlan};
 
@@ -72,10 +72,11 @@ pub enum Cr2Items {
 pub struct Cr2Shape {
     /// Groups per item.
     pub items: Cr2Items,
-    /// Teams or pairs whose token blocks check a token per group
-    /// (`kv_cr2_token_block`): a block per request, and one per
-    /// [`CR2_TEAM_GROUPS`] (or [`CR2_PAIR_GROUPS`]) tokens.
-    pub screen_tokens: bool,
+    /// What the token blocks of teams and pairs cover: a token's item, or,
+    /// screened, a token per group (`kv_cr2_token_block`), or, swept, a
+    /// token per lane (`kv_cr2_token_sweep`); always
+    /// [`TokenBlocks::Items`] for lone groups.
+    pub tokens: TokenBlocks,
     /// The multi-token kernels (`kv_compress_cr2_team_mtp`,
     /// `kv_compress_cr2_pair_mtp`, `kv_fused_cr2_team_mtp_*`), whose request
     /// items also pool a two-token chunk's second token.
@@ -257,15 +258,15 @@ impl LaunchPolicy {
     }
 
     /// Launch shape for `items` groups in blocks of `gpb` groups (a power of
-    /// two, at most [`GROUPS_PER_BLOCK`]), whatever the policy says: for
-    /// kernels built for one block size.
+    /// two, at most [`BLOCK_THREADS`]` / `[`GROUP_LANES`], the kernels'
+    /// bound), whatever the policy says: for kernels built for one block size.
     pub fn geometry_of_blocks(gpb: u32, items: u64) -> Geometry {
-        debug_assert!(gpb.is_power_of_two() && gpb <= GROUPS_PER_BLOCK);
+        debug_assert!(gpb.is_power_of_two() && gpb * GROUP_LANES <= BLOCK_THREADS);
         Geometry {
             grid: items.div_ceil(gpb as u64).max(1) as u32,
             block_threads: GROUP_LANES * gpb,
             groups_log2: gpb.trailing_zeros(),
-            screen_tokens: false,
+            token_blocks: TokenBlocks::Items,
             shared_bytes: 0,
         }
     }
@@ -278,7 +279,9 @@ impl LaunchPolicy {
     /// four ways: teams, or pairs for large batches of mostly one-token
     /// requests. Long chunks run teams, then lone groups, then lone groups
     /// by halves as they grow. Token blocks are screened where most of them
-    /// would pool nothing; screened launches that are not mostly one-token
+    /// would pool nothing, and in the plain compressor swept (a token per
+    /// lane) where there are no more tokens than requests; screened launches
+    /// that are not mostly one-token
     /// requests run the multi-token kernels (fused ones in teams only), so
     /// that a two-token chunk's rows are read once.
     pub fn cr2_shape(&self, n: u64, num_reqs: u64, fused: bool) -> Cr2Shape {
@@ -306,11 +309,20 @@ impl LaunchPolicy {
         } else {
             items >= CR2_SCREEN_MIN_ITEMS_MULTI
         };
-        let screen_tokens = teams && self.cr2_screen.unwrap_or(screen);
+        let screened = teams && self.cr2_screen.unwrap_or(screen);
+        // With no more tokens than requests, a token pools a group only
+        // where requests are empty: a lane per token checks them.
+        // (The plain compressor only: the fused kernels keep screened
+        // blocks, kernels-hip/kv_compress.hip.)
+        let tokens = match (screened, n <= num_reqs && !fused) {
+            (false, _) => TokenBlocks::Items,
+            (true, false) => TokenBlocks::Screened,
+            (true, true) => TokenBlocks::Swept,
+        };
         Cr2Shape {
             items: shape,
-            screen_tokens,
-            multi_token: screen_tokens && !one_token && (shape == Cr2Items::Teams || !fused),
+            tokens,
+            multi_token: screened && !one_token && (shape == Cr2Items::Teams || !fused),
         }
     }
 
@@ -368,13 +380,13 @@ impl LaunchPolicy {
         } else {
             Cr2Shape {
                 items: Cr2Items::Lone,
-                screen_tokens: false,
+                tokens: TokenBlocks::Items,
                 multi_token: false,
             }
         };
         let team = |groups| {
-            if shape.screen_tokens {
-                screened_team_geometry(n, reqs, groups)
+            if shape.tokens != TokenBlocks::Items {
+                screened_team_geometry(n, reqs, groups, shape.tokens)
             } else {
                 team_geometry(items, groups)
             }
@@ -397,14 +409,7 @@ impl LaunchPolicy {
                 .compressor_launch(p, false, true, |_| compress_wide_kernel(p.compress_ratio));
         }
         self.compressor_launch(p, false, false, |shape| {
-            match (shape.items, shape.multi_token) {
-                (Cr2Items::Lone, _) => compress_kernel(p.compress_ratio),
-                (Cr2Items::Teams, true) => Kernel::CompressCr2TeamMtp,
-                (Cr2Items::Teams, false) => Kernel::CompressCr2Team,
-                (Cr2Items::Pairs, true) => Kernel::CompressCr2PairMtp,
-                (Cr2Items::Pairs, false) => Kernel::CompressCr2Pair,
-                (Cr2Items::LoneHalves, _) => Kernel::CompressCr2Long,
-            }
+            compress_cr2_kernel(p.compress_ratio, shape)
         })
     }
 
@@ -434,11 +439,11 @@ impl LaunchPolicy {
     /// for test and bench reports.
     pub fn describe(&self) -> String {
         let s = self.cr2_shape(1, 1, false);
-        let cr2 = match (s.items, s.screen_tokens) {
-            (Cr2Items::Teams, false) => "teams",
-            (Cr2Items::Teams, true) => "teams, tokens screened",
-            (Cr2Items::Pairs, false) => "pairs",
-            (Cr2Items::Pairs, true) => "pairs, tokens screened",
+        let cr2 = match (s.items, s.tokens) {
+            (Cr2Items::Teams, TokenBlocks::Items) => "teams",
+            (Cr2Items::Teams, _) => "teams, tokens screened",
+            (Cr2Items::Pairs, TokenBlocks::Items) => "pairs",
+            (Cr2Items::Pairs, _) => "pairs, tokens screened",
             (Cr2Items::Lone, _) => "one group per item",
             (Cr2Items::LoneHalves, _) => "one group per item, by halves",
         };
@@ -462,25 +467,49 @@ impl LaunchPolicy {
     }
 }
 
+/// The plain compressor's kernel for a launch of `shape` (CR2; CR1 runs
+/// lone groups).
+fn compress_cr2_kernel(compress_ratio: u32, shape: Cr2Shape) -> Kernel {
+    match (shape.items, shape.multi_token, shape.tokens) {
+        (Cr2Items::Lone, _, _) => compress_kernel(compress_ratio),
+        (Cr2Items::Teams, true, _) => Kernel::CompressCr2TeamMtp,
+        (Cr2Items::Teams, false, TokenBlocks::Swept) => Kernel::CompressCr2TeamSwept,
+        (Cr2Items::Teams, false, _) => Kernel::CompressCr2Team,
+        (Cr2Items::Pairs, true, _) => Kernel::CompressCr2PairMtp,
+        (Cr2Items::Pairs, false, TokenBlocks::Swept) => Kernel::CompressCr2PairSwept,
+        (Cr2Items::Pairs, false, _) => Kernel::CompressCr2Pair,
+        (Cr2Items::LoneHalves, _, _) => Kernel::CompressCr2Long,
+    }
+}
+
 /// Shape of a team launch: one block of `groups` groups per item.
 pub fn team_geometry(items: u64, groups: u32) -> Geometry {
     Geometry {
         grid: items.max(1) as u32,
         block_threads: GROUP_LANES * groups,
         groups_log2: groups.trailing_zeros(),
-        screen_tokens: false,
+        token_blocks: TokenBlocks::Items,
         shared_bytes: CR2_POOLED_BYTES,
     }
 }
 
-/// Shape of a screened team launch of `n` tokens in `num_reqs` requests:
-/// a block per request, and a block per `groups` tokens, with a pooled
-/// buffer and a closing position (8 bytes) per group.
-pub fn screened_team_geometry(n: u64, num_reqs: u64, groups: u32) -> Geometry {
+/// Shape of a screened or swept team launch of `n` tokens in `num_reqs`
+/// requests: a block per request, then a block per `groups` tokens
+/// (screened) or per `32 groups` (swept). Both pool a block's closing
+/// tokens `groups` at a time into a pooled buffer per group, after a
+/// closing position (8 bytes) per token the block covers; a swept block
+/// adds a flag (4 bytes) per group.
+pub fn screened_team_geometry(n: u64, num_reqs: u64, groups: u32, tokens: TokenBlocks) -> Geometry {
+    let per_block = tokens.tokens_per_block(groups);
+    let flags = if tokens == TokenBlocks::Swept {
+        4 * groups
+    } else {
+        0
+    };
     Geometry {
-        screen_tokens: true,
-        shared_bytes: groups * (CR2_POOLED_BYTES + 8),
-        ..team_geometry(num_reqs + n.div_ceil(groups as u64), groups)
+        token_blocks: tokens,
+        shared_bytes: groups * CR2_POOLED_BYTES + 8 * per_block + flags,
+        ..team_geometry(num_reqs + n.div_ceil(per_block as u64), groups)
     }
 }
 
@@ -558,17 +587,12 @@ mod tests {
         // ratio, layout and the (n, requests) mix only.
         let mut seen = std::collections::BTreeSet::new();
         for (_, pol) in LaunchPolicy::MAPPINGS {
-            for (n, reqs) in [(1u64, 1u64), (8, 4), (6, 2), (2, 1)] {
+            for (n, reqs) in [(1u64, 1u64), (8, 4), (6, 2), (2, 1), (3, 4)] {
                 for fused in [false, true] {
                     let s = pol.cr2_shape(n, reqs, fused);
                     for l in RecordLayout::ALL {
                         let k = match (fused, s.items, s.multi_token) {
-                            (false, Cr2Items::Lone, _) => compress_kernel(2),
-                            (false, Cr2Items::Teams, true) => Kernel::CompressCr2TeamMtp,
-                            (false, Cr2Items::Teams, false) => Kernel::CompressCr2Team,
-                            (false, Cr2Items::Pairs, true) => Kernel::CompressCr2PairMtp,
-                            (false, Cr2Items::Pairs, false) => Kernel::CompressCr2Pair,
-                            (false, Cr2Items::LoneHalves, _) => Kernel::CompressCr2Long,
+                            (false, ..) => compress_cr2_kernel(2, s),
                             (true, Cr2Items::Lone, _) => fused_kernel(2, l),
                             (true, Cr2Items::Teams, true) => fused_team_mtp_kernel(l),
                             (true, Cr2Items::Teams, false) => fused_team_kernel(l),
@@ -851,25 +875,54 @@ mod tests {
     #[test]
     fn screened_team_launches_cover_every_request_and_token() {
         for groups in [CR2_TEAM_GROUPS, CR2_PAIR_GROUPS] {
-            for (n, reqs) in [(1u64, 1u64), (512, 512), (513, 500), (1 << 14, 1 << 14)] {
-                let g = screened_team_geometry(n, reqs, groups);
-                assert!(g.screen_tokens);
-                assert_eq!(g.block_threads, GROUP_LANES * groups);
-                // A block per request, then one per `groups` tokens; none
-                // wholly idle.
-                let token_blocks = g.grid as u64 - reqs;
-                assert!(token_blocks * groups as u64 >= n);
-                assert!((token_blocks - 1) * (groups as u64) < n);
-                // A pooled buffer and a closing position per group (the
-                // kernel's kv_cr2_token_block), 8-byte aligned.
-                assert_eq!(g.shared_bytes, groups * (CR2_POOLED_BYTES + 8));
-                assert_eq!((groups * CR2_POOLED_BYTES) % 8, 0);
+            for (n, reqs) in [
+                (1u64, 1u64),
+                (512, 512),
+                (513, 500),
+                (1 << 14, 1 << 14),
+                (4097, 1),
+            ] {
+                for tokens in [TokenBlocks::Screened, TokenBlocks::Swept] {
+                    let g = screened_team_geometry(n, reqs, groups, tokens);
+                    assert_eq!(g.token_blocks, tokens);
+                    assert_eq!(g.block_threads, GROUP_LANES * groups);
+                    // A block per request, then one per `groups` tokens
+                    // (screened) or per lane (swept); none wholly idle.
+                    let per = if tokens == TokenBlocks::Swept {
+                        g.block_threads as u64
+                    } else {
+                        groups as u64
+                    };
+                    let token_blocks = g.grid as u64 - reqs;
+                    assert!(token_blocks * per >= n);
+                    assert!((token_blocks - 1) * per < n);
+                    // A pooled buffer per group, then a closing position per
+                    // token (kv_cr2_token_block: one per group), 8-byte
+                    // aligned, and for a swept block (kv_cr2_token_sweep:
+                    // one per lane) a flag per group.
+                    assert_eq!((groups * CR2_POOLED_BYTES) % 8, 0);
+                    if tokens == TokenBlocks::Screened {
+                        assert_eq!(g.shared_bytes, groups * (CR2_POOLED_BYTES + 8));
+                    } else {
+                        assert_eq!(
+                            g.shared_bytes,
+                            groups * CR2_POOLED_BYTES + 8 * g.block_threads + 4 * groups
+                        );
+                    }
+                }
             }
             assert_eq!(team_geometry(7, groups).shared_bytes, CR2_POOLED_BYTES);
         }
         assert_eq!(M.geometry(7).shared_bytes, 0);
         for fused in [false, true] {
-            let screens = |n, reqs| M.cr2_shape(n, reqs, fused).screen_tokens;
+            let screens = |n, reqs| M.cr2_shape(n, reqs, fused).tokens != TokenBlocks::Items;
+            // Swept where no more tokens than requests, else screened.
+            // (the plain compressor only).
+            let sweeps = |n, reqs| M.cr2_shape(n, reqs, fused).tokens == TokenBlocks::Swept;
+            assert_eq!(sweeps(256, 256), !fused);
+            assert_eq!(sweeps(1 << 16, 1 << 16), !fused);
+            assert_eq!(sweeps(300, 400), !fused);
+            assert!(!sweeps(260, 252) && !sweeps(1250, 1000) && !sweeps(255, 255));
             // One-token requests from 512 items (256 tokens) on.
             assert!(!screens(255, 255));
             assert!(screens(256, 256));
@@ -913,9 +966,12 @@ mod tests {
                 for fused in [false, true] {
                     let s = pol.cr2_shape(n, reqs, fused);
                     assert!(
-                        matches!(s.items, Cr2Items::Teams | Cr2Items::Pairs) || !s.screen_tokens
+                        matches!(s.items, Cr2Items::Teams | Cr2Items::Pairs)
+                            || s.tokens == TokenBlocks::Items
                     );
-                    assert!(s.screen_tokens || !s.multi_token);
+                    assert!(s.tokens == TokenBlocks::Screened || !s.multi_token);
+                    // The fused kernels have no swept token blocks.
+                    assert!(!fused || s.tokens != TokenBlocks::Swept);
                 }
             }
         }
@@ -924,11 +980,15 @@ mod tests {
             cr2_screen: Some(true),
             ..M
         };
-        assert!(on.cr2_shape(1, 1, false).screen_tokens);
+        assert_eq!(on.cr2_shape(1, 1, false).tokens, TokenBlocks::Swept);
+        assert_eq!(on.cr2_shape(3, 2, false).tokens, TokenBlocks::Screened);
         let off = LaunchPolicy {
             cr2_screen: Some(false),
             ..M
         };
-        assert!(!off.cr2_shape(1 << 16, 1 << 16, false).screen_tokens);
+        assert_eq!(
+            off.cr2_shape(1 << 16, 1 << 16, false).tokens,
+            TokenBlocks::Items
+        );
     }
 }

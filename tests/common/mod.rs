@@ -1873,6 +1873,13 @@ pub fn adversarial_cases() -> Vec<Case> {
                 out.push(adversarial_cr2(&mut rng, prev, index_i64, sanitize));
             }
         }
+        let prev = sanitize;
+        let s = swept_cr2_spec(&mut rng, prev, !sanitize);
+        out.push(compress_case(
+            &format!("swept cr2 prev_rows={prev}"),
+            &s,
+            sanitize,
+        ));
     }
     // eps = 0 with zero rows: 1/sqrt(0) = inf, 0 * inf = NaN.
     out.push(adversarial_cr1(&mut rng, 0.0, false, false));
@@ -1939,6 +1946,35 @@ pub fn adversarial_cases() -> Vec<Case> {
                 ));
             }
         }
+    }
+    // The swept compressor batches fused into every layout (screened
+    // there), cache slots -1 on every seventh token.
+    for (i, layout) in RecordLayout::ALL.into_iter().enumerate() {
+        let spec = swept_cr2_spec(&mut rng, i % 2 == 1, i % 2 == 0);
+        let n = spec.slots.len();
+        let cache = CacheSpec {
+            layout,
+            blocks: 5,
+            block_size: v4_even(layout, n.div_ceil(5) + 1),
+            block_pad_bytes: 16,
+            row_pad_bytes: 0,
+            rank4: i % 2 == 0,
+            fp8_scale: 0.5,
+        };
+        let cslots: Vec<i64> = (0..n as i64)
+            .map(|t| if t % 7 == 3 { -1 } else { t })
+            .collect();
+        let table = adversarial_cos_sin(DType::F32);
+        let name = format!("empty requests fused {} cr2", layout.name());
+        out.push(fused_case(
+            &name,
+            &spec,
+            &cslots,
+            &table,
+            &cache,
+            i % 2 == 1,
+            i % 3 == 0,
+        ));
     }
 
     // save_ring_rows: NaN payloads are copied bit for bit; -1 and out of range skip.
@@ -2144,6 +2180,80 @@ fn adversarial_cr2_spec(rng: &mut Prng, prev: bool, index_i64: bool) -> Compress
         geo: Geo {
             offset: 0,
             tail: 64,
+        },
+    }
+}
+
+/// A CR2 decode batch with no more tokens than requests, so that the plain
+/// compressor's team kernels sweep their token blocks (a token per lane; the
+/// fused ones screen them), whose tokens then pool groups only because a
+/// third of the requests are empty: long chunks
+/// across sweep blocks (64 and 128 tokens), one-token chunks at odd and even
+/// positions, a slot -1, a negative position and a token outside its chunk.
+fn swept_cr2_spec(rng: &mut Prng, prev: bool, index_i64: bool) -> CompressSpec {
+    let cap = 3usize;
+    let mut chunks = Vec::new();
+    let mut push = |len: usize, start_pos: i64| {
+        let block = chunks.len();
+        chunks.push(Chunk {
+            block,
+            start_pos,
+            len,
+        })
+    };
+    for r in 0..100 {
+        push(1, (r * 7 % 31) as i64);
+    }
+    push(70, 5);
+    (0..99).for_each(|_| push(0, 0));
+    push(40, 2);
+    for r in 0..60 {
+        push(1, (r * 5 % 23) as i64);
+    }
+    (0..39).for_each(|_| push(0, 0));
+    push(3, 7);
+    for r in 0..19 {
+        push(1, (r * 3 % 11) as i64);
+    }
+    let reqs = chunks.len();
+    let (mut positions, mut slots, qsl, mut ttr) = pack_chunks(&chunks, cap);
+    let n = slots.len();
+    assert!(
+        n <= reqs && n + reqs >= 512,
+        "a swept launch under the measured policy"
+    );
+    let start = |r: usize| qsl[r] as usize;
+    slots[start(100) + 12] = -1;
+    positions[start(200) + 5] = -1;
+    ttr[start(100) + 9] = 0; // claims request 0, whose chunk does not hold it
+    positions.push(3);
+    ttr.push(0);
+    let kv = adversarial_kv_rows(rng, n + 1, 1024);
+    let ring = RingSpec::random(rng, reqs, cap, true);
+    let prev = prev.then(|| {
+        let pr = 8;
+        let mut rows_v = vec![0.0f32; pr * 1024];
+        fill_kv_rows(rng, &mut rows_v, true);
+        let idx = (0..reqs as i64).map(|r| (r % 11) - 1).collect();
+        (rows_v, idx)
+    });
+    CompressSpec {
+        cr: 2,
+        eps: 1e-6,
+        kv,
+        kv_row_pad: 16,
+        positions,
+        slots,
+        qsl,
+        ttr,
+        weight: weight(rng),
+        weight_dtype: DType::BF16,
+        ring: Some(ring),
+        prev,
+        index_i64,
+        geo: Geo {
+            offset: 64,
+            tail: 16,
         },
     }
 }

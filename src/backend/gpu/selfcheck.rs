@@ -50,7 +50,7 @@ impl<D: Driver> GpuBackend<D> {
             grid: 4096,
             block_threads: kernel_abi::BLOCK_THREADS,
             groups_log2: 0,
-            screen_tokens: false,
+            token_blocks: kernel_abi::TokenBlocks::Items,
             shared_bytes: 0,
         };
         let mut r = HwFormatCheck::default();

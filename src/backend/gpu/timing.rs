@@ -188,7 +188,7 @@ impl<D: Driver> GpuBackend<D> {
                 grid,
                 block_threads: block,
                 groups_log2: 0,
-                screen_tokens: false,
+                token_blocks: kernel_abi::TokenBlocks::Items,
                 shared_bytes: 0,
             };
             let us = self.time_graph(launches, replays, || {
