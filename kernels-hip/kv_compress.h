@@ -487,16 +487,12 @@ KV_DEVICE void kv_compress(const KvCompressParams& c, const KvInsertParams* ins,
 // cut the blocks a CU holds.
 extern KV_SHARED float kv_team_shared[];
 
-// Pools the tokens t0 + k (k < TEAM) that close a group (closing[k] >= 0,
-// their positions) one after the other, each by the whole team into its own
-// buffer, and then each closing token's group norms and emits it, the
-// groups at once (kv_cr2_token_block's steps after its barrier, for the
-// swept blocks); own_pos is closing[g] for the lane's group g. closing[]
-// is the same for the whole block, so every lane meets the barrier.
-// Returns whether anything was pooled (and the barrier met).
-template <bool FUSED, int LAYOUT, int TEAM>
-KV_DEVICE bool kv_cr2_pool_closing(const KvCompressParams& c, const KvInsertParams* ins, int64_t t0,
-                                   const int64_t* closing, int64_t own_pos, KvTeamLane tl, float* pooled) {
+// The team pools the tokens t0 + k (k < TEAM) that close a group
+// (closing[k] >= 0), one after the other, each into its own buffer;
+// returns whether any did. closing[] is the same for the whole block.
+template <int TEAM>
+KV_DEVICE bool kv_cr2_pool_round(const KvCompressParams& c, int64_t t0, const int64_t* closing, KvTeamLane tl,
+                                 float* pooled) {
     bool any = false;
 #pragma unroll 1
     for (unsigned k = 0; k < (unsigned)TEAM; ++k) {
@@ -510,7 +506,19 @@ KV_DEVICE bool kv_cr2_pool_closing(const KvCompressParams& c, const KvInsertPara
         kv_pool_part<16 / TEAM>(older, newer, v);
         kv_storeNf<16 / TEAM>(pooled + 512u * k + kv_part_offset<TEAM>(tl), v);
     }
-    if (!any) return false;
+    return any;
+}
+
+// Pools the closing tokens among t0 + k (k < TEAM) with kv_cr2_pool_round,
+// and then each closing token's group norms and emits it, the groups at
+// once (kv_cr2_token_block's steps after its barrier, for the swept
+// blocks); own_pos is closing[g] for the lane's group g. closing[]
+// is the same for the whole block, so every lane meets the barrier.
+// Returns whether anything was pooled (and the barrier met).
+template <bool FUSED, int LAYOUT, int TEAM>
+KV_DEVICE bool kv_cr2_pool_closing(const KvCompressParams& c, const KvInsertParams* ins, int64_t t0,
+                                   const int64_t* closing, int64_t own_pos, KvTeamLane tl, float* pooled) {
+    if (!kv_cr2_pool_round<TEAM>(c, t0, closing, tl, pooled)) return false;
     kv_sync();
     if (own_pos < 0) return true;
     float v[16];
@@ -528,7 +536,7 @@ KV_DEVICE bool kv_cr2_pool_closing(const KvCompressParams& c, const KvInsertPara
 // pairs), each as long as a token item until a second of its tokens closes
 // a group. The closing positions and the loop bounds are the same for the
 // whole block, so every lane meets every barrier. (The steps after the
-// barrier are kv_cr2_pool_closing's, written out: through it nvcc schedules
+// pooling are kv_cr2_pool_closing's, written out: through it nvcc schedules
 // four fused pair kernels differently, and this form keeps the measured SASS.)
 template <bool FUSED, int LAYOUT, int TEAM, bool OWN2>
 KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParams* ins, int64_t b, KvTeamLane tl,
@@ -542,20 +550,7 @@ KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParam
     if (t < c.n) kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, true, OWN2>(c, ins, t, own, 0, &pos);
     if (tl.l == 0u) closing[tl.g] = pos;
     kv_sync();
-    bool any = false;
-#pragma unroll 1
-    for (unsigned k = 0; k < (unsigned)TEAM; ++k) {
-        if (closing[k] < 0) continue;
-        any = true;
-        int64_t tk = t0 + k;
-        KvRowPart<16 / TEAM> older, newer;
-        kv_load_row_part<TEAM>(c.kv_score + (tk - 1) * c.kv_row_stride, tl, &older);
-        kv_load_row_part<TEAM>(c.kv_score + tk * c.kv_row_stride, tl, &newer);
-        float v[16 / TEAM];
-        kv_pool_part<16 / TEAM>(older, newer, v);
-        kv_storeNf<16 / TEAM>(pooled + 512u * k + kv_part_offset<TEAM>(tl), v);
-    }
-    if (!any) return;
+    if (!kv_cr2_pool_round<TEAM>(c, t0, closing, tl, pooled)) return;
     kv_sync();
     if (pos < 0) return;
     float v[16];
