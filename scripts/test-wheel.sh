@@ -7,7 +7,8 @@
 #   bash scripts/test-wheel.sh WHEEL [VENV]
 #
 # VENV defaults to a new temporary folder, removed afterwards. torch and
-# pytest come from the registry (pip's cache after the first download).
+# pytest come from the registry, downloaded each time unless PIP_CACHE_DIR
+# names a cache: torch's CUDA libraries are 3 GB more on a disk that CI shares.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -43,8 +44,10 @@ for tool in cargo rustc nvcc hipcc hip-clang zig; do
     fi
 done
 
-clean python -m pip install -q --disable-pip-version-check torch pytest
-clean python -m pip install -q --disable-pip-version-check "$WHEEL"
+PIP_CACHE=--no-cache-dir
+[ -n "${PIP_CACHE_DIR:-}" ] && PIP_CACHE=
+clean python -m pip install -q --disable-pip-version-check $PIP_CACHE torch pytest
+clean python -m pip install -q --disable-pip-version-check $PIP_CACHE "$WHEEL"
 
 # The wheel's info(): all four kernel targets embedded.
 clean python - <<'EOF'

@@ -12,18 +12,20 @@ export DSV4_KVCACHE_REQUIRE_KERNELS=1
 cargo test --release --all-targets
 cargo test --release --doc
 
-# The Python package: a venv under .venv/ (gitignored) with maturin, pytest,
-# auditwheel, twine and the registry's torch wheel (on a CPU-only machine it
-# still brings its CUDA libraries, several GB, and runs on the CPU), then the
-# release wheel, built once (abi3, manylinux_2_28, all kernels; checked by
-# auditwheel and twine). GPU tests report SKIPPED without a GPU.
+# The Python package: a venv under .venv/ (gitignored) with the build tools
+# (maturin, auditwheel, twine, pytest), then the release wheel, built once
+# (abi3, manylinux_2_28, all kernels; checked by auditwheel and twine). torch
+# goes only into the fresh venv that tests the wheel: the registry's wheel
+# brings its CUDA libraries (about 5 GB installed, 3 GB downloaded, and it
+# runs on the CPU), and a second copy plus pip's cache of it once filled CI's
+# disk. GPU tests report SKIPPED without a GPU.
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, maturin, pytest, auditwheel, twine" 2>/dev/null; then
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q maturin pytest torch auditwheel twine
+if ! .venv/bin/python -c "import maturin, pytest, auditwheel, twine" 2>/dev/null; then
+    .venv/bin/python -m pip install -q --no-cache-dir --upgrade pip
+    .venv/bin/python -m pip install -q --no-cache-dir maturin pytest auditwheel twine
 fi
 t0=$SECONDS
 PYTHON=.venv/bin/python bash scripts/build-wheel.sh target/wheels
