@@ -44,6 +44,9 @@ for tool in cargo rustc nvcc hipcc hip-clang zig; do
     fi
 done
 
+# torch and its CUDA libraries take about 9 GB at their peak (download and
+# install); the free space goes into the log, for when pip runs out of it.
+df -h "$VENV" | awk 'NR == 2 { print "test-wheel: " $4 " free on " $6 " for the venv" }'
 PIP_CACHE=--no-cache-dir
 [ -n "${PIP_CACHE_DIR:-}" ] && PIP_CACHE=
 clean python -m pip install -q --disable-pip-version-check $PIP_CACHE torch pytest
