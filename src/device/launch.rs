@@ -916,8 +916,8 @@ mod tests {
         assert_eq!(M.geometry(7).shared_bytes, 0);
         for fused in [false, true] {
             let screens = |n, reqs| M.cr2_shape(n, reqs, fused).tokens != TokenBlocks::Items;
-            // Swept where no more tokens than requests, else screened.
-            // (the plain compressor only).
+            // Swept where there are no more tokens than requests, else
+            // screened (the plain compressor only).
             let sweeps = |n, reqs| M.cr2_shape(n, reqs, fused).tokens == TokenBlocks::Swept;
             assert_eq!(sweeps(256, 256), !fused);
             assert_eq!(sweeps(1 << 16, 1 << 16), !fused);
