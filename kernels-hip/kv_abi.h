@@ -204,6 +204,7 @@ struct KvGatherParams {
     X(kv_compress_cr2_pair_mtp, KvCompressParams)      \
     X(kv_compress_cr2_team_swept, KvCompressParams)    \
     X(kv_compress_cr2_pair_swept, KvCompressParams)    \
+    X(kv_compress_cr2_team_chunks, KvCompressParams)   \
     X(kv_save_ring_rows, KvRingRowsParams)             \
     X(kv_insert_v4, KvInsertParams)                    \
     X(kv_insert_mxfp8, KvInsertParams)                 \

@@ -196,7 +196,7 @@ KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins
 template <bool FUSED, int LAYOUT, int TEAM, bool WIDE = false>
 KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
                                  KvTeamLane tl, const KvRowPart<16 / TEAM>& older,
-                                 const KvRowPart<16 / TEAM>& newer, float* pooled) {
+                                 const KvRowPart<16 / TEAM>& newer, float* pooled, bool emit = true) {
     constexpr int N = 16 / TEAM;
     float v[16], den[N];
 #pragma unroll
@@ -210,6 +210,7 @@ KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams
         if (tl.g != 0u) return;
         kv_loadNf<16>(pooled + 16u * tl.l, v);
     }
+    if (!emit) return;
     typename KvWeight16<WIDE>::T w;
     kv_load_weight16(c, tl.l, &w);
     uint16_t out[16];
@@ -254,14 +255,26 @@ KV_DEVICE bool kv_cr2_owns_second(int64_t start, int64_t end, int64_t slot0, int
     return end - start == 2 && slot0 >= 0 && (pos0 < 0 || (pos0 & 1) == 0);
 }
 
+// A token's chunk bounds whose tests are still to be made (open).
+struct KvPendingChunk {
+    int64_t start;
+    int64_t end;
+    bool open;
+};
+
 // CR2 token item: the group that token t closes inside its chunk. HALVES:
 // a lone group pooling by halves (kv_pool_halves_norm_emit). CHECK: only
 // the checks; the position of a token that closes a group goes to
 // *closing, which the caller set to -1. WIDE: the generic kernels' weights.
+// EARLY (long chunks, where nearly every odd position closes a group): the
+// rows are read with the chunk's bounds, and the chunk test gates only the
+// emission; with CHECK, a token past the first that passes the tests before
+// the chunk's goes to *closing at once, and its chunk's bounds to *pending,
+// for the caller to test after the pooling (kv_cr2_chunk_owns).
 template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool CHECK = false, bool OWN2 = false,
-          bool WIDE = false>
+          bool WIDE = false, bool EARLY = false>
 KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
-                                 float* pooled, int64_t* closing = 0) {
+                                 float* pooled, int64_t* closing = 0, KvPendingChunk* pending = 0) {
     // Slot, position and request in one round trip (the request index is
     // read even for tokens the position check then drops: 4 or 8 bytes
     // against a round trip on every pooled token).
@@ -285,6 +298,27 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
     int64_t start = kv_load_index(c.qsl, q64, r);
     int64_t end = kv_load_index(c.qsl, q64, r + 1);
+    if constexpr (EARLY && CHECK) {
+        static_assert(!OWN2, "the early screened blocks are written for plain team items");
+        if (t > 0) {
+            *closing = pos;
+            *pending = {start, end, true};
+            return;
+        }
+    }
+    if constexpr (EARLY && !CHECK && !HALVES) {
+        // The rows in the bounds' round trip instead of after it (row t - 1
+        // clamped to row 0, so that the read stays inside kv_score whatever
+        // the chunk); the same tests as below, after the pooling.
+        const bool inside = start >= 0 && start <= t && t < end;
+        const bool own = inside && t != start && !(prev_known && kv_cr2_owns_second(start, end, slot_p, pos_p));
+        KvRowPart<16 / TEAM> older, newer;
+        kv_load_row_part<TEAM>(c.kv_score + (t > 0 ? t - 1 : 0) * c.kv_row_stride, tl, &older);
+        kv_load_row_part<TEAM>(c.kv_score + t * c.kv_row_stride, tl, &newer);
+        kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE>(c, ins, t, pos, tl, older, newer, pooled, own);
+        if (!inside) kv_team_count(c.counters, KV_COUNT_INDEX, tl);
+        return;
+    }
     // start < 0: a malformed chunk; t - 1 below would read before kv_score.
     if (start < 0 || !(start <= t && t < end)) {
         kv_team_count(c.counters, KV_COUNT_INDEX, tl);
@@ -308,6 +342,17 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE>(c, ins, t, pos, tl, older, newer, pooled);
 }
 
+// Whether token t, which passed the tests before its chunk's (an EARLY
+// screened block's speculation), closes a group in its chunk: the tests
+// kv_cr2_token_item makes on the bounds, counting a token outside them.
+KV_DEVICE bool kv_cr2_chunk_owns(const KvCompressParams& c, int64_t t, const KvPendingChunk& p, KvTeamLane tl) {
+    if (p.start < 0 || !(p.start <= t && t < p.end)) {
+        kv_team_count(c.counters, KV_COUNT_INDEX, tl);
+        return false;
+    }
+    return t != p.start;
+}
+
 // Stores a team lane's part of a row to the ring row of `slot` (>= 0), or
 // counts a slot outside the ring.
 template <int TEAM>
@@ -322,15 +367,33 @@ KV_DEVICE void kv_ring_store_part(const KvCompressParams& c, int64_t slot, KvTea
     kv_store_row_part<TEAM>(c.ring + blk * c.ring_block_stride + row * c.ring_row_stride, tl, v);
 }
 
+// The ring stores of tokens u and u + 1 (their slots, -1 for none, loaded
+// by the caller): both rows are read before either is stored, one round
+// trip for two tokens.
+template <int TEAM>
+KV_DEVICE void kv_ring_store_two(const KvCompressParams& c, int32_t u, int64_t slot_a, int64_t slot_b,
+                                 KvTeamLane tl) {
+    KvRowPart<16 / TEAM> a, b;
+    if (slot_a >= 0) kv_load_row_part<TEAM>(c.kv_score + (int64_t)u * c.kv_row_stride, tl, &a);
+    if (slot_b >= 0) kv_load_row_part<TEAM>(c.kv_score + (int64_t)(u + 1) * c.kv_row_stride, tl, &b);
+    if (slot_a >= 0) kv_ring_store_part<TEAM>(c, slot_a, tl, a);
+    if (slot_b >= 0) kv_ring_store_part<TEAM>(c, slot_b, tl, b);
+}
+
 // CR2 request item: the group the chunk's first token closes with its
 // predecessor (prev_rows or ring), then the ring stores. Each lane reads and
 // writes only its own dims, and a ring row is read before any store that
 // could overwrite it (the same row only when the capacity is 1), so nothing
 // races (with HALVES, each half's older row is read before that half's
-// store). WIDE: the generic kernels' weights.
-template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false, bool WIDE = false>
+// store). WIDE: the generic kernels' weights. EARLY (long chunks): the
+// ring stores' first two tokens' slots are read with the first token's,
+// and their rows with the pooled group's (kv_ring_store_two), where each
+// token's store waited for its slot and then its row.
+template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false, bool WIDE = false,
+          bool EARLY = false>
 KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
                                    float* pooled) {
+    static_assert(!(EARLY && (HALVES || OWN2)), "the early ring stores are written for plain team items");
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
     bool s64 = (c.flags & KV_F_SLOT_I64) != 0u;
     const bool has_prev = (c.flags & KV_F_HAS_PREV) != 0u;
@@ -353,6 +416,15 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
     int64_t slot_s = two ? kv_load_index(c.slots, s64, start + 1) : -1;
     int64_t pos_s = two ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, start + 1) : -1;
     int64_t owner_s = two ? kv_load_index(c.ttr, (c.flags & KV_F_TTR_I64) != 0u, start + 1) : -1;
+    // EARLY: the first ring stores' tokens (as the loop below picks them)
+    // and their slots.
+    int32_t early_u = end;
+    int64_t slot_a = -1, slot_b = -1;
+    if (EARLY && !has_prev) {
+        early_u = end - c.ring_capacity > start ? (int32_t)(end - c.ring_capacity) : start + 1;
+        if (early_u < end) slot_a = kv_load_index(c.slots, s64, early_u);
+        if (early_u + 1 < end) slot_b = kv_load_index(c.slots, s64, early_u + 1);
+    }
     if (slot_f < 0) return;
     // The second token's group, where the token item leaves it to this item
     // (all of its own checks pass; kv_cr2_owns_second); it excludes the
@@ -444,11 +516,14 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         if (older || own2) {
             kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw, pooled);
         }
+        // After the pooling (the older row may be a ring row these stores
+        // overwrite; before it, sm_100 spilled).
+        if (EARLY) kv_ring_store_two<TEAM>(c, early_u, slot_a, slot_b, tl);
     }
     if (has_prev) return;
     // The team's other groups still copy their parts of the ring rows: they
     // returned from kv_pool_norm_emit above, not from this item.
-    for (int32_t u = own2 ? end : (from == start ? start + 1 : from); u < end; ++u) {
+    for (int32_t u = own2 ? end : (EARLY ? early_u + 2 : (from == start ? start + 1 : from)); u < end; ++u) {
         int64_t slot = kv_load_index(c.slots, s64, u);
         if (slot < 0) continue;
         int64_t row;
@@ -538,7 +613,10 @@ KV_DEVICE bool kv_cr2_pool_closing(const KvCompressParams& c, const KvInsertPara
 // whole block, so every lane meets every barrier. (The steps after the
 // pooling are kv_cr2_pool_closing's, written out: through it nvcc schedules
 // four fused pair kernels differently, and this form keeps the measured SASS.)
-template <bool FUSED, int LAYOUT, int TEAM, bool OWN2>
+// EARLY (long chunks): the pooling starts from the tests before the
+// chunk's, whose bounds arrive meanwhile and gate the emission
+// (kv_cr2_token_item's EARLY CHECK).
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2, bool EARLY = false>
 KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParams* ins, int64_t b, KvTeamLane tl,
                                   float* pooled) {
     int64_t* closing = (int64_t*)(pooled + TEAM * 512);
@@ -547,12 +625,15 @@ KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParam
     // Each group counts its own token's faults.
     const KvTeamLane own = {0u, tl.l};
     int64_t pos = -1;
-    if (t < c.n) kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, true, OWN2>(c, ins, t, own, 0, &pos);
+    KvPendingChunk pending = {0, 0, false};
+    if (t < c.n) kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, true, OWN2, false, EARLY>(c, ins, t, own, 0, &pos,
+                                                                                         &pending);
     if (tl.l == 0u) closing[tl.g] = pos;
     kv_sync();
     if (!kv_cr2_pool_round<TEAM>(c, t0, closing, tl, pooled)) return;
     kv_sync();
     if (pos < 0) return;
+    if (EARLY && pending.open && !kv_cr2_chunk_owns(c, t, pending, own)) return;
     float v[16];
     kv_loadNf<16>(pooled + 512u * tl.g + 16u * tl.l, v);
     kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, tl.l, v);
@@ -614,18 +695,19 @@ KV_DEVICE void kv_cr2_token_sweep(const KvCompressParams& c, const KvInsertParam
 // a swept one (SWEEP kernels only) 32 TEAM tokens (kv_cr2_token_sweep). Every
 // lane of the block handles the same item, so the control flow up to the
 // team's barriers is the same for all of them.
-template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false, bool SWEEP = false>
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false, bool SWEEP = false, bool EARLY = false>
 KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
     float* pooled = kv_team_shared;
     int64_t item = kv_bid();
     KvTeamLane tl = {kv_tid() / KV_GROUP_LANES, kv_lane()};
     if (item < c.num_reqs) {
-        kv_cr2_request_item<FUSED, LAYOUT, TEAM, false, OWN2>(c, ins, item, tl, pooled);
+        kv_cr2_request_item<FUSED, LAYOUT, TEAM, false, OWN2, false, EARLY>(c, ins, item, tl, pooled);
     } else if (SWEEP && (c.flags & KV_F_SWEEP_TOKENS)) {
         kv_cr2_token_sweep<FUSED, LAYOUT, TEAM, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (c.flags & KV_F_SCREEN_TOKENS) {
-        kv_cr2_token_block<FUSED, LAYOUT, TEAM, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
+        kv_cr2_token_block<FUSED, LAYOUT, TEAM, OWN2, EARLY>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (item - c.num_reqs < c.n) {
-        kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, false, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
+        kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, false, OWN2, false, EARLY>(c, ins, item - c.num_reqs, tl,
+                                                                                pooled);
     }
 }

@@ -27,7 +27,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair(const 
 }
 
 // Screened plain compresses of more than one multi-token request in four
-// (speculative decode, MTP; also long chunks of up to 2560 items): their
+// (speculative decode, MTP): their
 // request items also pool a two-token chunk's second token
 // (kv_cr2_owns_second), so that its rows are read once and the token
 // blocks pool nothing.
@@ -48,6 +48,15 @@ KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void kv_compress_cr2_team_swept(c
 
 KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair_swept(const KvCompressParams c) {
     kv_compress_cr2_team<false, 0, KV_CR2_PAIR, false, true>(c, 0);
+}
+
+// Plain compresses of long chunks in teams (prefill, LaunchPolicy::cr2_shape):
+// a token item or a screened block reads its rows with its chunks' bounds,
+// and a request item its first two ring stores' slots with its first
+// token's (EARLY in kv_cr2_token_item, kv_cr2_token_block and
+// kv_cr2_request_item).
+KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void kv_compress_cr2_team_chunks(const KvCompressParams c) {
+    kv_compress_cr2_team<false, 0, KV_CR2_TEAM, false, false, true>(c, 0);
 }
 
 // The generic kernels: an F32 or F16 weight or an F16 cos/sin table, which

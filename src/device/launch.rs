@@ -31,18 +31,27 @@ pub const SMALL_LAUNCH_ITEMS: u64 = 2048;
 /// (requests plus tokens) run in teams of four, larger ones in pairs, which
 /// leave fewer lanes idle while group 0 norms and emits.
 pub const CR2_TEAM_MAX_ITEMS: u64 = 8192;
-/// Long chunks (prefill) run unscreened teams up to this many items: a team
-/// needs four warps per item, and once the teams outnumber what the GPU
-/// runs at once, other shapes win.
+/// Fused launches of long chunks (prefill) run unscreened teams up to this
+/// many items: a team needs four warps per item, and once the teams
+/// outnumber what the GPU runs at once, other shapes win.
 pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
-/// Long chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`] and up to this many
-/// items run screened teams (a token block covers four tokens and pools the
-/// two that close a group).
+/// Fused launches of long chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]
+/// and up to this many items run screened teams (a token block covers four
+/// tokens and pools the two that close a group).
 pub const CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 2560;
-/// Long chunks above the screened-team limit and up to this many items run
-/// one-pass lone groups; above it lone groups pooling by halves, which fit
-/// more groups on an SM.
+/// Fused launches of long chunks above the screened-team limit and up to
+/// this many items run one-pass lone groups; above it lone groups pooling by
+/// halves, which fit more groups on an SM.
 pub const CR2_LONE_MAX_ITEMS_LONG_CHUNKS: u64 = 3072;
+/// Plain compresses of long chunks run unscreened teams of
+/// `kv_compress_cr2_team_chunks` up to this many items (1536 tokens in four
+/// requests, measured; screened blocks won at 2048 tokens).
+pub const CR2_CHUNK_UNSCREENED_MAX_ITEMS: u64 = 1540;
+/// Plain compresses of long chunks above [`CR2_CHUNK_UNSCREENED_MAX_ITEMS`]
+/// and up to this many items run screened teams of the same kernel (4096
+/// tokens in four requests, measured), larger ones lone groups pooling by
+/// halves (level with the teams at 8192 tokens).
+pub const CR2_CHUNK_TEAM_MAX_ITEMS: u64 = 4100;
 /// Decode batches with more multi-token requests screen their tokens from
 /// this many items on, on the multi-token kernels, whose request items also
 /// pool a two-token chunk's second token.
@@ -81,6 +90,11 @@ pub struct Cr2Shape {
     /// `kv_compress_cr2_pair_mtp`, `kv_fused_cr2_team_mtp_*`), whose request
     /// items also pool a two-token chunk's second token.
     pub multi_token: bool,
+    /// A plain compress of long chunks (prefill: fewer than half the
+    /// tokens start a chunk) in teams, screened or not, which runs
+    /// `kv_compress_cr2_team_chunks` (a token reads its rows with its
+    /// chunk's bounds: nearly every odd position closes a group there).
+    pub long_chunks: bool,
 }
 
 /// A kernel and the shape to launch it in.
@@ -277,8 +291,10 @@ impl LaunchPolicy {
     /// At decode sizes (at least half the tokens start a chunk) a lone
     /// group's pooling chain is most of the kernel time and a team splits it
     /// four ways: teams, or pairs for large batches of mostly one-token
-    /// requests. Long chunks run teams, then lone groups, then lone groups
-    /// by halves as they grow. Token blocks are screened where most of them
+    /// requests. Long chunks run teams, then (fused) lone groups, then lone
+    /// groups by halves as they grow; the plain compressor's teams read a
+    /// token's rows with its chunk's bounds (`kv_compress_cr2_team_chunks`)
+    /// and reach further. Token blocks are screened where most of them
     /// would pool nothing, and in the plain compressor swept (a token per
     /// lane) where there are no more tokens than requests; screened launches
     /// that are not mostly one-token
@@ -294,6 +310,12 @@ impl LaunchPolicy {
             } else {
                 Cr2Items::Teams
             }
+        } else if !fused {
+            if items <= CR2_CHUNK_TEAM_MAX_ITEMS {
+                Cr2Items::Teams
+            } else {
+                Cr2Items::LoneHalves
+            }
         } else if items <= CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS {
             Cr2Items::Teams
         } else if items <= CR2_LONE_MAX_ITEMS_LONG_CHUNKS {
@@ -302,7 +324,9 @@ impl LaunchPolicy {
             Cr2Items::LoneHalves
         });
         let teams = matches!(shape, Cr2Items::Teams | Cr2Items::Pairs);
-        let screen = if !decode {
+        let screen = if !decode && !fused {
+            items > CR2_CHUNK_UNSCREENED_MAX_ITEMS
+        } else if !decode {
             items > CR2_TEAM_MAX_ITEMS_LONG_CHUNKS
         } else if one_token {
             items >= CR2_SCREEN_MIN_ITEMS
@@ -319,10 +343,16 @@ impl LaunchPolicy {
             (true, false) => TokenBlocks::Screened,
             (true, true) => TokenBlocks::Swept,
         };
+        // The plain compressor's long-chunk teams have a kernel of their own.
+        let long_chunks = !decode && !fused && shape == Cr2Items::Teams;
         Cr2Shape {
             items: shape,
             tokens,
-            multi_token: screened && !one_token && (shape == Cr2Items::Teams || !fused),
+            multi_token: screened
+                && !one_token
+                && !long_chunks
+                && (shape == Cr2Items::Teams || !fused),
+            long_chunks,
         }
     }
 
@@ -382,6 +412,7 @@ impl LaunchPolicy {
                 items: Cr2Items::Lone,
                 tokens: TokenBlocks::Items,
                 multi_token: false,
+                long_chunks: false,
             }
         };
         let team = |groups| {
@@ -472,6 +503,7 @@ impl LaunchPolicy {
 fn compress_cr2_kernel(compress_ratio: u32, shape: Cr2Shape) -> Kernel {
     match (shape.items, shape.multi_token, shape.tokens) {
         (Cr2Items::Lone, _, _) => compress_kernel(compress_ratio),
+        (Cr2Items::Teams, _, _) if shape.long_chunks => Kernel::CompressCr2TeamChunks,
         (Cr2Items::Teams, true, _) => Kernel::CompressCr2TeamMtp,
         (Cr2Items::Teams, false, TokenBlocks::Swept) => Kernel::CompressCr2TeamSwept,
         (Cr2Items::Teams, false, _) => Kernel::CompressCr2Team,
@@ -814,15 +846,19 @@ mod tests {
             assert_eq!(items(4000, 2000), Teams);
             assert_eq!(items(8000, 4000), Teams);
             assert_eq!(items(1 << 16, 1 << 15), Teams);
-            // Long chunks: teams (screened above 1024 items) up to their
-            // limit, then lone groups, then lone groups by halves; never
-            // pairs.
+            // Long chunks: teams up to their limit, then (fused) lone
+            // groups, then lone groups by halves; never pairs.
             assert_eq!(items(16, 4), Teams);
             assert_eq!(items(1020, 4), Teams);
             assert_eq!(items(2556, 4), Teams);
-            assert_eq!(items(2557, 4), Lone);
-            assert_eq!(items(3068, 4), Lone);
-            assert_eq!(items(3069, 4), LoneHalves);
+            if fused {
+                assert_eq!(items(2557, 4), Lone);
+                assert_eq!(items(3068, 4), Lone);
+                assert_eq!(items(3069, 4), LoneHalves);
+            } else {
+                assert_eq!(items(4096, 4), Teams);
+                assert_eq!(items(4097, 4), LoneHalves);
+            }
             assert_eq!(items(4000, 1999), LoneHalves);
             assert_eq!(items(16384, 4), LoneHalves);
             // A forced mapping wins at every size.
@@ -939,22 +975,40 @@ mod tests {
             assert!(screens(8000, 4000));
             assert!(!screens(1022, 511));
             assert!(!screens(400, 300));
-            // Long chunks in screened teams above 1024 items, up to 2560;
-            // lone groups never screen.
-            assert!(!screens(1020, 4));
-            assert!(screens(1021, 4));
-            assert!(screens(2556, 4));
-            assert!(!screens(2557, 4));
-            assert!(!screens(4096, 4));
+            // Long chunks in screened teams above 1024 items (the plain
+            // compressor: 1540), up to 2560 (4100); lone groups never
+            // screen.
+            let (unscreened, teams) = if fused {
+                (
+                    CR2_TEAM_MAX_ITEMS_LONG_CHUNKS,
+                    CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS,
+                )
+            } else {
+                (CR2_CHUNK_UNSCREENED_MAX_ITEMS, CR2_CHUNK_TEAM_MAX_ITEMS)
+            };
+            assert!(!screens(unscreened - 4, 4));
+            assert!(screens(unscreened - 3, 4));
+            assert!(screens(teams - 4, 4));
+            assert!(!screens(teams - 3, 4));
             assert!(!screens(1 << 16, 4));
         }
+        // The plain compressor's long chunks run their own team kernel,
+        // screened or not; decode batches never do.
+        let kernel = |n, reqs| compress_cr2_kernel(2, M.cr2_shape(n, reqs, false));
+        for (n, reqs) in [(16u64, 4u64), (1536, 4), (2048, 4), (4096, 4), (6, 2)] {
+            assert_eq!(kernel(n, reqs), Kernel::CompressCr2TeamChunks, "{n} tokens");
+        }
+        assert_eq!(kernel(8192, 4), Kernel::CompressCr2Long);
+        assert_eq!(kernel(2048, 1024), Kernel::CompressCr2TeamMtp);
+        assert_eq!(kernel(16, 16), Kernel::CompressCr2Team);
         // The multi-token kernels: screened launches that are not mostly
         // one-token requests (fused ones in teams).
         for fused in [false, true] {
             let mtp = |n, reqs| M.cr2_shape(n, reqs, fused).multi_token;
             assert!(mtp(1024, 512));
             assert!(mtp(1 << 16, 1 << 15));
-            assert!(mtp(2048, 4));
+            // (Long chunks of the plain compressor run their own kernel.)
+            assert_eq!(mtp(2048, 4), fused);
             assert!(!mtp(1022, 511));
             assert!(!mtp(1 << 14, 1 << 14));
             assert!(!mtp(1250, 1000));
