@@ -32,9 +32,10 @@ pub const SMALL_LAUNCH_ITEMS: u64 = 2048;
 /// leave fewer lanes idle while group 0 norms and emits.
 pub const CR2_TEAM_MAX_ITEMS: u64 = 8192;
 /// Fused launches of long chunks (prefill) run unscreened teams up to this
-/// many items: a team needs four warps per item, and once the teams
+/// many items (1536 tokens in four requests, measured; screened blocks won
+/// at 2048 tokens): a team needs four warps per item, and once the teams
 /// outnumber what the GPU runs at once, other shapes win.
-pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1024;
+pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1540;
 /// Fused launches of long chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]
 /// and up to this many items run screened teams (a token block covers four
 /// tokens and pools the two that close a group).
@@ -975,9 +976,8 @@ mod tests {
             assert!(screens(8000, 4000));
             assert!(!screens(1022, 511));
             assert!(!screens(400, 300));
-            // Long chunks in screened teams above 1024 items (the plain
-            // compressor: 1540), up to 2560 (4100); lone groups never
-            // screen.
+            // Long chunks in screened teams above 1540 items, up to 2560
+            // (the plain compressor: 4100); lone groups never screen.
             let (unscreened, teams) = if fused {
                 (
                     CR2_TEAM_MAX_ITEMS_LONG_CHUNKS,
