@@ -31,9 +31,9 @@ pub const SMALL_LAUNCH_ITEMS: u64 = 2048;
 /// (requests plus tokens) run in teams of four, larger ones in pairs, which
 /// leave fewer lanes idle while group 0 norms and emits.
 pub const CR2_TEAM_MAX_ITEMS: u64 = 8192;
-/// Fused launches of long chunks (prefill) run unscreened teams up to this
-/// many items (1536 tokens in four requests, measured; screened blocks won
-/// at 2048 tokens): a team needs four warps per item, and once the teams
+/// Long chunks (prefill) run unscreened teams up to this many items, fused
+/// or plain (1536 tokens in four requests, measured; screened blocks won at
+/// 2048 tokens): a team needs four warps per item, and once the teams
 /// outnumber what the GPU runs at once, other shapes win.
 pub const CR2_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 1540;
 /// Fused launches of long chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]
@@ -44,14 +44,11 @@ pub const CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS: u64 = 2560;
 /// this many items run one-pass lone groups; above it lone groups pooling by
 /// halves, which fit more groups on an SM.
 pub const CR2_LONE_MAX_ITEMS_LONG_CHUNKS: u64 = 3072;
-/// Plain compresses of long chunks run unscreened teams of
-/// `kv_compress_cr2_team_chunks` up to this many items (1536 tokens in four
-/// requests, measured; screened blocks won at 2048 tokens).
-pub const CR2_CHUNK_UNSCREENED_MAX_ITEMS: u64 = 1540;
-/// Plain compresses of long chunks above [`CR2_CHUNK_UNSCREENED_MAX_ITEMS`]
-/// and up to this many items run screened teams of the same kernel (4096
-/// tokens in four requests, measured), larger ones lone groups pooling by
-/// halves (level with the teams at 8192 tokens).
+/// Plain compresses of long chunks above [`CR2_TEAM_MAX_ITEMS_LONG_CHUNKS`]
+/// and up to this many items run screened teams of
+/// `kv_compress_cr2_team_chunks` (4096 tokens in four requests, measured),
+/// larger ones lone groups pooling by halves (level with the teams at 8192
+/// tokens).
 pub const CR2_CHUNK_TEAM_MAX_ITEMS: u64 = 4100;
 /// Decode batches with more multi-token requests screen their tokens from
 /// this many items on, on the multi-token kernels, whose request items also
@@ -325,9 +322,7 @@ impl LaunchPolicy {
             Cr2Items::LoneHalves
         });
         let teams = matches!(shape, Cr2Items::Teams | Cr2Items::Pairs);
-        let screen = if !decode && !fused {
-            items > CR2_CHUNK_UNSCREENED_MAX_ITEMS
-        } else if !decode {
+        let screen = if !decode {
             items > CR2_TEAM_MAX_ITEMS_LONG_CHUNKS
         } else if one_token {
             items >= CR2_SCREEN_MIN_ITEMS
@@ -978,13 +973,11 @@ mod tests {
             assert!(!screens(400, 300));
             // Long chunks in screened teams above 1540 items, up to 2560
             // (the plain compressor: 4100); lone groups never screen.
-            let (unscreened, teams) = if fused {
-                (
-                    CR2_TEAM_MAX_ITEMS_LONG_CHUNKS,
-                    CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS,
-                )
+            let unscreened = CR2_TEAM_MAX_ITEMS_LONG_CHUNKS;
+            let teams = if fused {
+                CR2_SCREENED_TEAM_MAX_ITEMS_LONG_CHUNKS
             } else {
-                (CR2_CHUNK_UNSCREENED_MAX_ITEMS, CR2_CHUNK_TEAM_MAX_ITEMS)
+                CR2_CHUNK_TEAM_MAX_ITEMS
             };
             assert!(!screens(unscreened - 4, 4));
             assert!(screens(unscreened - 3, 4));
