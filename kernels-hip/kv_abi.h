@@ -151,6 +151,8 @@ struct KvGatherParams {
 #define KV_F_SCREEN_TOKENS 512u
 // CR2 team launches: a token block checks one token per lane (kv_cr2_token_sweep).
 #define KV_F_SWEEP_TOKENS 65536u
+// CR2 team launches of long chunks: a token block covers two tokens (kv_cr2_token_pair).
+#define KV_F_TWO_TOKENS 131072u
 // Input dtypes only the generic kernels (the `_wide` ones) read: an F16
 // cos/sin table (KvInsertParams), an F16 or F32 norm weight
 // (KvCompressParams). Without them the table is F32 or BF16 (KV_F_COS_BF16)

@@ -124,21 +124,34 @@ KV_DEVICE void kv_load16h(const uint16_t* p, uint16_t h[16]) {
     }
 }
 
-KV_DEVICE void kv_store16h(uint16_t* p, const uint16_t h[16]) {
-    kv_u32x4* q = (kv_u32x4*)p;
+// N consecutive BF16 (N = 4, or a multiple of 8; 2 N bytes, as aligned)
+// from bits.
+template <int N>
+KV_DEVICE void kv_storeNh(uint16_t* p, const uint16_t h[N]) {
+    static_assert(N == 4 || N % 8 == 0, "whole 8- or 16-byte stores");
+    if constexpr (N == 4) {
+        kv_u32x2 w;
+        w.x = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+        w.y = (uint32_t)h[2] | ((uint32_t)h[3] << 16);
+        *(kv_u32x2*)p = w;
+    } else {
+        kv_u32x4* q = (kv_u32x4*)p;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        uint32_t u[4];
+        for (int i = 0; i < N / 8; ++i) {
+            uint32_t u[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) u[j] = (uint32_t)h[8 * i + 2 * j] | ((uint32_t)h[8 * i + 2 * j + 1] << 16);
-        kv_u32x4 w;
-        w.x = u[0];
-        w.y = u[1];
-        w.z = u[2];
-        w.w = u[3];
-        q[i] = w;
+            for (int j = 0; j < 4; ++j) u[j] = (uint32_t)h[8 * i + 2 * j] | ((uint32_t)h[8 * i + 2 * j + 1] << 16);
+            kv_u32x4 w;
+            w.x = u[0];
+            w.y = u[1];
+            w.z = u[2];
+            w.w = u[3];
+            q[i] = w;
+        }
     }
 }
+
+KV_DEVICE void kv_store16h(uint16_t* p, const uint16_t h[16]) { kv_storeNh<16>(p, h); }
 
 // 16 bytes given as four little-endian words.
 KV_DEVICE void kv_store16w(uint8_t* p, const uint32_t u[4]) {

@@ -104,7 +104,9 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
 // a team of KV_CR2_TEAM groups (one block): each lane pools 16 / KV_CR2_TEAM
 // dims (kv_part_offset), the pooled values meet in shared memory, and group 0
 // norms and emits them exactly as a lone group does (the sum order of the
-// norm is unchanged). TEAM = 1 is the lone group.
+// norm is unchanged). In a plain compress, which stores the latent as it is,
+// every lane norms its own dims in that same order instead
+// (kv_team_norm_store). TEAM = 1 is the lone group.
 //
 // Large decode batches of one-token requests run pairs of groups instead:
 // a block of 64 threads, one AMD wavefront, with half the idle lanes of a
@@ -186,14 +188,78 @@ KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins
     kv_emit_latent<FUSED, LAYOUT, WIDE>(c, ins, t, lane, out, pos);
 }
 
+// The norm and the store of a plain compress's latent of token t, pooled by
+// a team (TEAM = 2 or 4) whose lane (g, l) holds v, the N = 16 / TEAM dims
+// [N m, N m + N) with m = l + 32 g (kv_part_offset): every lane norms and
+// stores its own dims, where one group took all 512 after the team's
+// barrier. The sum is math::sum_squares_512's tree, bit for bit: its lane
+// i is the TEAM lanes m = TEAM i + k, whose fold steps a[j] += a[j + h]
+// run across those lanes (xor h / N) while h >= N and then inside each;
+// its butterfly's first levels, i ^ 16 down to i ^ (32 / TEAM) (the bits of
+// i that are g), are a fold by halves of the TEAM groups' sums in shared
+// memory (sums: 32 floats), the rest shuffles (lane xor 16
+// down to xor TEAM). Every lane of the team calls this (one barrier);
+// `emit` gates only the store. (The fused kernels' records want a lane's
+// 16 dims: they keep kv_rms_norm16.)
+template <int TEAM>
+KV_DEVICE void kv_team_norm_store(const KvCompressParams& c, int64_t t, KvTeamLane tl, const float v[16 / TEAM],
+                                  float* sums, bool emit) {
+    static_assert(TEAM == 2 || TEAM == 4, "pairs or teams of four");
+    constexpr int N = 16 / TEAM;
+    const unsigned m = tl.l + KV_GROUP_LANES * tl.g;
+    // The lane's N weights (BF16, two a word), issued before the sum.
+    float wp[N / 2];
+    kv_loadNf<N / 2>((const float*)(const void*)(c.weight + N * m), wp);
+    float a[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) a[j] = v[j] * v[j];
+    if constexpr (N == 4) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[j] = a[j] + kv_shfl_xor(a[j], 2);  // h = 8
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[j] = a[j] + kv_shfl_xor(a[j], 1);  // h = 4
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a[j] = a[j] + kv_shfl_xor(a[j], 1);  // h = 8
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[j] = a[j] + a[j + 4];  // h = 4
+    }
+    a[0] = a[0] + a[2];
+    a[1] = a[1] + a[3];
+    a[0] = a[0] + a[1];
+    // Tree lane i = (32 / TEAM) g + l / TEAM at sums[TEAM (l / TEAM) + g], so that a
+    // lane reads its i's TEAM groups' sums in one load.
+    if (tl.l % TEAM == 0u) sums[tl.l + tl.g] = a[0];
+    kv_sync();
+    float e[TEAM];
+    kv_loadNf<TEAM>(sums + (tl.l - tl.l % TEAM), e);
+    float s = TEAM == 4 ? (e[0] + e[2]) + (e[1] + e[3]) : e[0] + e[1];
+#pragma unroll
+    for (int h = 16; h >= TEAM; h /= 2) s = s + kv_shfl_xor(s, h);
+    // As kv_rms_norm16: s / 512 as s * 2^-9.
+    float var = s * 0.001953125f;
+    float inv = kv_divf(1.0f, kv_sqrtf(var + c.eps));
+    if (!emit) return;
+    float r[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        uint32_t u = kv_f2u(wp[j / 2]);
+        r[j] = (v[j] * inv) * kv_u2f((j & 1) ? (u & 0xffff0000u) : (u << 16));
+    }
+    uint16_t out[N];
+    kv_bf16xN_from_f32<N>(r, out);
+    kv_storeNh<N>(c.latent + t * 512 + N * m, out);
+}
+
 // Pools (older, newer) over the team, then group 0 norms and emits the latent
-// of token t (at position `pos`). A team meets at one barrier, so every lane
+// of token t (at position `pos`); in a plain compress the whole team norms
+// and stores it (kv_team_norm_store). A team meets at one barrier, so every lane
 // of the block must call this (the callers' conditions are the same for the
 // whole item). The steps of kv_pool_part and kv_norm_emit (the weights'
 // load after the pooling included) are written out here: through the
 // helpers nvcc schedules five fused team and pair kernels differently (the
 // same instructions), and this form keeps the SASS that was measured.
-template <bool FUSED, int LAYOUT, int TEAM, bool WIDE = false>
+template <bool FUSED, int LAYOUT, int TEAM, bool WIDE = false, bool TEAM_NORM = false>
 KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
                                  KvTeamLane tl, const KvRowPart<16 / TEAM>& older,
                                  const KvRowPart<16 / TEAM>& newer, float* pooled, bool emit = true) {
@@ -204,6 +270,11 @@ KV_DEVICE void kv_pool_norm_emit(const KvCompressParams& c, const KvInsertParams
         kv_pool2_terms(older.kv[j], older.s[j], newer.kv[j], newer.s[j], &v[j], &den[j]);
 #pragma unroll
     for (int j = 0; j < N; ++j) v[j] = kv_divf(v[j], den[j]);
+    if constexpr (TEAM_NORM) {
+        static_assert(TEAM > 1 && !FUSED && !WIDE, "a plain compress's team");
+        kv_team_norm_store<TEAM>(c, t, tl, v, pooled, emit);
+        return;
+    }
     if (TEAM > 1) {
         kv_storeNf<N>(pooled + kv_part_offset<TEAM>(tl), v);
         kv_sync();
@@ -255,12 +326,32 @@ KV_DEVICE bool kv_cr2_owns_second(int64_t start, int64_t end, int64_t slot0, int
     return end - start == 2 && slot0 >= 0 && (pos0 < 0 || (pos0 & 1) == 0);
 }
 
+// Whether token t (its slot, position and request read) passes the tests
+// made before its chunk's: a slot, a position (else counted), an odd one
+// (it closes a group), a request in range (else counted).
+KV_DEVICE bool kv_cr2_token_closes(const KvCompressParams& c, int64_t slot, int64_t pos, int64_t r, KvTeamLane tl) {
+    if (slot < 0) return false;
+    if (pos < 0) {
+        kv_team_count(c.counters, KV_COUNT_POS, tl);
+        return false;
+    }
+    if ((pos & 1) == 0) return false;
+    if (r < 0 || r >= c.num_reqs) {
+        kv_team_count(c.counters, KV_COUNT_INDEX, tl);
+        return false;
+    }
+    return true;
+}
+
 // A token's chunk bounds whose tests are still to be made (open).
 struct KvPendingChunk {
     int64_t start;
     int64_t end;
     bool open;
 };
+
+// Whether token t lies in the chunk [start, end) (start < 0: malformed).
+KV_DEVICE bool kv_cr2_in_chunk(int64_t t, int64_t start, int64_t end) { return start >= 0 && start <= t && t < end; }
 
 // CR2 token item: the group that token t closes inside its chunk. HALVES:
 // a lone group pooling by halves (kv_pool_halves_norm_emit). CHECK: only
@@ -270,9 +361,10 @@ struct KvPendingChunk {
 // rows are read with the chunk's bounds, and the chunk test gates only the
 // emission; with CHECK, a token past the first that passes the tests before
 // the chunk's goes to *closing at once, and its chunk's bounds to *pending,
-// for the caller to test after the pooling (kv_cr2_chunk_owns).
+// for the caller to test after the pooling (kv_cr2_chunk_owns). TEAM_NORM:
+// a plain compress's team norms over all its lanes (kv_team_norm_store).
 template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool CHECK = false, bool OWN2 = false,
-          bool WIDE = false, bool EARLY = false>
+          bool WIDE = false, bool EARLY = false, bool TEAM_NORM = false>
 KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, KvTeamLane tl,
                                  float* pooled, int64_t* closing = 0, KvPendingChunk* pending = 0) {
     // Slot, position and request in one round trip (the request index is
@@ -285,16 +377,7 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     const bool prev_known = OWN2 && t > 0;
     int64_t slot_p = prev_known ? kv_load_index(c.slots, (c.flags & KV_F_SLOT_I64) != 0u, t - 1) : -1;
     int64_t pos_p = prev_known ? kv_load_index(c.positions, (c.flags & KV_F_POS_I64) != 0u, t - 1) : 0;
-    if (slot < 0) return;
-    if (pos < 0) {
-        kv_team_count(c.counters, KV_COUNT_POS, tl);
-        return;
-    }
-    if ((pos & 1) == 0) return;
-    if (r < 0 || r >= c.num_reqs) {
-        kv_team_count(c.counters, KV_COUNT_INDEX, tl);
-        return;
-    }
+    if (!kv_cr2_token_closes(c, slot, pos, r, tl)) return;
     bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
     int64_t start = kv_load_index(c.qsl, q64, r);
     int64_t end = kv_load_index(c.qsl, q64, r + 1);
@@ -310,16 +393,18 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
         // The rows in the bounds' round trip instead of after it (row t - 1
         // clamped to row 0, so that the read stays inside kv_score whatever
         // the chunk); the same tests as below, after the pooling.
-        const bool inside = start >= 0 && start <= t && t < end;
+        const bool inside = kv_cr2_in_chunk(t, start, end);
         const bool own = inside && t != start && !(prev_known && kv_cr2_owns_second(start, end, slot_p, pos_p));
         KvRowPart<16 / TEAM> older, newer;
         kv_load_row_part<TEAM>(c.kv_score + (t > 0 ? t - 1 : 0) * c.kv_row_stride, tl, &older);
         kv_load_row_part<TEAM>(c.kv_score + t * c.kv_row_stride, tl, &newer);
-        kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE>(c, ins, t, pos, tl, older, newer, pooled, own);
+        kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE, TEAM_NORM>(c, ins, t, pos, tl, older, newer, pooled, own);
         if (!inside) kv_team_count(c.counters, KV_COUNT_INDEX, tl);
         return;
     }
     // start < 0: a malformed chunk; t - 1 below would read before kv_score.
+    // (kv_cr2_in_chunk's test, written out: through it nvcc compiles every
+    // sm_90 CR2 kernel differently.)
     if (start < 0 || !(start <= t && t < end)) {
         kv_team_count(c.counters, KV_COUNT_INDEX, tl);
         return;
@@ -339,18 +424,68 @@ KV_DEVICE void kv_cr2_token_item(const KvCompressParams& c, const KvInsertParams
     KvRowPart<16 / TEAM> older, newer;
     kv_load_row_part<TEAM>(c.kv_score + (t - 1) * c.kv_row_stride, tl, &older);
     kv_load_row_part<TEAM>(c.kv_score + t * c.kv_row_stride, tl, &newer);
-    kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE>(c, ins, t, pos, tl, older, newer, pooled);
+    kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE, TEAM_NORM>(c, ins, t, pos, tl, older, newer, pooled);
 }
 
 // Whether token t, which passed the tests before its chunk's (an EARLY
 // screened block's speculation), closes a group in its chunk: the tests
 // kv_cr2_token_item makes on the bounds, counting a token outside them.
 KV_DEVICE bool kv_cr2_chunk_owns(const KvCompressParams& c, int64_t t, const KvPendingChunk& p, KvTeamLane tl) {
-    if (p.start < 0 || !(p.start <= t && t < p.end)) {
+    if (!kv_cr2_in_chunk(t, p.start, p.end)) {
         kv_team_count(c.counters, KV_COUNT_INDEX, tl);
         return false;
     }
     return t != p.start;
+}
+
+// A token block of an unscreened launch of long chunks (KV_F_TWO_TOKENS,
+// kv_compress_cr2_team_chunks): tokens 2 b and 2 b + 1. In a long chunk
+// every other token closes a group, so a block per token left half the
+// blocks with only their indices' round trip, and blocks cost the GPU's
+// dispatch (H200: 1028 programs that read one index took 0.22 µs more than
+// 516; docs/tuning.md). Both tokens' indices come in one round trip; a
+// closing token's rows come with its chunk's bounds (row t - 1 clamped to
+// row 0, so the read stays inside kv_score whatever the chunk), and the
+// bounds gate only the emission (kv_cr2_chunk_owns after the pooling). Where
+// both tokens close (a chunk ends at an odd position), the second follows
+// the first. The tests are the same for the whole block, so every lane
+// meets every barrier.
+template <int TEAM, bool TEAM_NORM>
+KV_DEVICE void kv_cr2_token_pair(const KvCompressParams& c, int64_t b, KvTeamLane tl, float* pooled) {
+    const bool s64 = (c.flags & KV_F_SLOT_I64) != 0u;
+    const bool p64 = (c.flags & KV_F_POS_I64) != 0u;
+    const bool r64 = (c.flags & KV_F_TTR_I64) != 0u;
+    const int64_t t0 = 2 * b;
+    if (t0 >= c.n) return;
+    const bool has1 = t0 + 1 < c.n;
+    const int64_t slot0 = kv_load_index(c.slots, s64, t0);
+    const int64_t pos0 = kv_load_index(c.positions, p64, t0);
+    const int64_t r0 = kv_load_index(c.ttr, r64, t0);
+    const int64_t slot1 = has1 ? kv_load_index(c.slots, s64, t0 + 1) : -1;
+    const int64_t pos1 = has1 ? kv_load_index(c.positions, p64, t0 + 1) : -1;
+    const int64_t r1 = has1 ? kv_load_index(c.ttr, r64, t0 + 1) : -1;
+    const bool closes0 = kv_cr2_token_closes(c, slot0, pos0, r0, tl);
+    const bool closes1 = kv_cr2_token_closes(c, slot1, pos1, r1, tl);
+    const bool q64 = (c.flags & KV_F_QSL_I64) != 0u;
+#pragma unroll 1
+    for (int k = 0; k < 2; ++k) {
+        if (!(k == 0 ? closes0 : closes1)) continue;
+        // The first token's pooled values have been read.
+        if (k == 1 && closes0) kv_sync();
+        const int64_t t = t0 + k;
+        const int64_t r = k == 0 ? r0 : r1;
+        const int64_t start = kv_load_index(c.qsl, q64, r);
+        const int64_t end = kv_load_index(c.qsl, q64, r + 1);
+        KvRowPart<16 / TEAM> older, newer;
+        kv_load_row_part<TEAM>(c.kv_score + (t > 0 ? t - 1 : 0) * c.kv_row_stride, tl, &older);
+        kv_load_row_part<TEAM>(c.kv_score + t * c.kv_row_stride, tl, &newer);
+        // kv_cr2_chunk_owns's tests as values, counted after the pooling: a
+        // branch on the bounds here would hold the rows' reads behind them.
+        const bool inside = kv_cr2_in_chunk(t, start, end);
+        kv_pool_norm_emit<false, 0, TEAM, false, TEAM_NORM>(c, 0, t, k == 0 ? pos0 : pos1, tl, older, newer, pooled,
+                                                            inside && t != start);
+        if (!inside) kv_team_count(c.counters, KV_COUNT_INDEX, tl);
+    }
 }
 
 // Stores a team lane's part of a row to the ring row of `slot` (>= 0), or
@@ -390,7 +525,7 @@ KV_DEVICE void kv_ring_store_two(const KvCompressParams& c, int32_t u, int64_t s
 // and their rows with the pooled group's (kv_ring_store_two), where each
 // token's store waited for its slot and then its row.
 template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false, bool WIDE = false,
-          bool EARLY = false>
+          bool EARLY = false, bool TEAM_NORM = false>
 KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
                                    float* pooled) {
     static_assert(!(EARLY && (HALVES || OWN2)), "the early ring stores are written for plain team items");
@@ -514,7 +649,8 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         if (own2 && !has_prev) kv_ring_store_part<TEAM>(c, slot_s, tl, nw);
         // Group 0 goes on alone; the other groups are done with the pooling.
         if (older || own2) {
-            kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw, pooled);
+            kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE, TEAM_NORM>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw,
+                                                                    pooled);
         }
         // After the pooling (the older row may be a ring row these stores
         // overwrite; before it, sm_100 spilled).
@@ -697,17 +833,26 @@ KV_DEVICE void kv_cr2_token_sweep(const KvCompressParams& c, const KvInsertParam
 // team's barriers is the same for all of them.
 template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false, bool SWEEP = false, bool EARLY = false>
 KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
+    // The long-chunk teams norm over the whole team (kv_team_norm_store); the
+    // decode teams, whose one-token launches it slowed, keep group 0's norm
+    // (docs/tuning.md, "The norm over the whole team").
+    constexpr bool TEAM_NORM = EARLY && !FUSED && TEAM == KV_CR2_TEAM;
     float* pooled = kv_team_shared;
     int64_t item = kv_bid();
     KvTeamLane tl = {kv_tid() / KV_GROUP_LANES, kv_lane()};
     if (item < c.num_reqs) {
-        kv_cr2_request_item<FUSED, LAYOUT, TEAM, false, OWN2, false, EARLY>(c, ins, item, tl, pooled);
+        kv_cr2_request_item<FUSED, LAYOUT, TEAM, false, OWN2, false, EARLY, TEAM_NORM>(c, ins, item, tl, pooled);
     } else if (SWEEP && (c.flags & KV_F_SWEEP_TOKENS)) {
         kv_cr2_token_sweep<FUSED, LAYOUT, TEAM, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (c.flags & KV_F_SCREEN_TOKENS) {
         kv_cr2_token_block<FUSED, LAYOUT, TEAM, OWN2, EARLY>(c, ins, item - c.num_reqs, tl, pooled);
+    } else if (EARLY && (c.flags & KV_F_TWO_TOKENS)) {
+        if constexpr (EARLY) {
+            static_assert(!FUSED, "the plain compressor's long chunks only");
+            kv_cr2_token_pair<TEAM, TEAM_NORM>(c, item - c.num_reqs, tl, pooled);
+        }
     } else if (item - c.num_reqs < c.n) {
-        kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, false, OWN2, false, EARLY>(c, ins, item - c.num_reqs, tl,
-                                                                                pooled);
+        kv_cr2_token_item<FUSED, LAYOUT, TEAM, false, false, OWN2, false, EARLY, TEAM_NORM>(c, ins, item - c.num_reqs,
+                                                                                          tl, pooled);
     }
 }

@@ -51,9 +51,9 @@ KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair_swept(
 }
 
 // Plain compresses of long chunks in teams (prefill, LaunchPolicy::cr2_shape):
-// a token item or a screened block reads its rows with its chunks' bounds,
-// and a request item its first two ring stores' slots with its first
-// token's (EARLY in kv_cr2_token_item, kv_cr2_token_block and
+// a block of two tokens (kv_cr2_token_pair) or a screened block reads its
+// rows with its chunks' bounds, and a request item its first two ring
+// stores' slots with its first token's (EARLY in kv_cr2_token_block and
 // kv_cr2_request_item).
 KV_KERNEL KV_LAUNCH_BOUNDS_9(KV_CR2_TEAM * 32) void kv_compress_cr2_team_chunks(const KvCompressParams c) {
     kv_compress_cr2_team<false, 0, KV_CR2_TEAM, false, false, true>(c, 0);

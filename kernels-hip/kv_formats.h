@@ -258,22 +258,25 @@ KV_DEVICE uint32_t kv_bf16x2_from_f32(float lo, float hi) {
 #endif
 }
 
-// BF16 bits of 16 values, kv_bf16_from_f32 of each: by pairs where the
+// BF16 bits of N (even) values, kv_bf16_from_f32 of each: by pairs where the
 // prelude has the hardware conversion (one instruction a pair against about
 // seven a value on the bits), else one by one.
-KV_DEVICE void kv_bf16x16_from_f32(const float v[16], uint16_t out[16]) {
+template <int N>
+KV_DEVICE void kv_bf16xN_from_f32(const float v[N], uint16_t out[N]) {
 #if defined(KV_HW_BF16X2)
 #pragma unroll
-    for (int j = 0; j < 16; j += 2) {
+    for (int j = 0; j < N; j += 2) {
         uint32_t two = kv_hw_bf16x2(v[j], v[j + 1]);
         out[j] = (uint16_t)(two & 0xffffu);
         out[j + 1] = (uint16_t)(two >> 16);
     }
 #else
 #pragma unroll
-    for (int j = 0; j < 16; ++j) out[j] = kv_bf16_from_f32(v[j]);
+    for (int j = 0; j < N; ++j) out[j] = kv_bf16_from_f32(v[j]);
 #endif
 }
+
+KV_DEVICE void kv_bf16x16_from_f32(const float v[16], uint16_t out[16]) { kv_bf16xN_from_f32<16>(v, out); }
 
 // Whether a byte of w is an e4m3 NaN: a zero byte of ~w & 0x7F7F7F7F.
 KV_DEVICE bool kv_e4m3_nan_in_word(uint32_t w) {

@@ -291,6 +291,10 @@ pub mod flags {
     /// groups pool those that close a group (set at launch from
     /// [`super::Geometry::token_blocks`]).
     pub const SWEEP_TOKENS: u32 = super::defines::KV_F_SWEEP_TOKENS;
+    /// CR2 team launches of long chunks: a token block covers two tokens
+    /// and pools those that close a group (set at launch from
+    /// [`super::Geometry::token_blocks`]).
+    pub const TWO_TOKENS: u32 = super::defines::KV_F_TWO_TOKENS;
     /// Bits 12..14: log2 of the groups per block (set at launch by
     /// [`super::KernelParams::with_geometry`]).
     pub const GROUPS_LOG2_SHIFT: u32 = super::defines::KV_F_GROUPS_LOG2_SHIFT;
@@ -300,6 +304,7 @@ pub mod flags {
     const _: () = assert!(SCREEN_TOKENS < 1 << GROUPS_LOG2_SHIFT);
     const _: () = assert!(COS_F16 < 1 << GROUPS_LOG2_SHIFT && W_F16 < 1 << GROUPS_LOG2_SHIFT);
     const _: () = assert!(W_F32 > GROUPS_LOG2_MASK && SWEEP_TOKENS > GROUPS_LOG2_MASK);
+    const _: () = assert!(TWO_TOKENS > GROUPS_LOG2_MASK);
 }
 
 /// Device base addresses of a compress call's buffers (the plan's view
@@ -505,6 +510,10 @@ pub enum TokenBlocks {
     /// One token per lane (`kv_cr2_token_sweep`): each group pools its
     /// share of those that close a group alone.
     Swept,
+    /// Two tokens (`kv_cr2_token_pair`, long chunks of the plain
+    /// compressor only): the team pools the one that closes a group (both,
+    /// one after the other, where a chunk ends at an odd position).
+    TwoTokens,
 }
 
 impl TokenBlocks {
@@ -514,6 +523,7 @@ impl TokenBlocks {
             TokenBlocks::Items => 1,
             TokenBlocks::Screened => groups,
             TokenBlocks::Swept => groups * GROUP_LANES,
+            TokenBlocks::TwoTokens => 2,
         }
     }
 }
@@ -541,11 +551,13 @@ fn set_groups(flags: u32, g: &Geometry) -> u32 {
 
 impl KernelParams for CompressParams {
     fn with_geometry(mut self, g: &Geometry) -> Self {
-        self.flags = set_groups(self.flags, g) & !(flags::SCREEN_TOKENS | flags::SWEEP_TOKENS);
+        self.flags = set_groups(self.flags, g)
+            & !(flags::SCREEN_TOKENS | flags::SWEEP_TOKENS | flags::TWO_TOKENS);
         self.flags |= match g.token_blocks {
             TokenBlocks::Items => 0,
             TokenBlocks::Screened => flags::SCREEN_TOKENS,
             TokenBlocks::Swept => flags::SWEEP_TOKENS,
+            TokenBlocks::TwoTokens => flags::TWO_TOKENS,
         };
         self
     }
@@ -790,5 +802,17 @@ mod tests {
         );
         assert_eq!(sw.with_geometry(&screened).flags, on.flags);
         assert_eq!(sw.with_geometry(&g).flags, c.with_geometry(&g).flags);
+        // So does a launch of two-token blocks.
+        let two = Geometry {
+            token_blocks: TokenBlocks::TwoTokens,
+            ..g
+        };
+        let tw = sw.with_geometry(&two);
+        assert_eq!(
+            tw.flags,
+            flags::HAS_PREV | flags::TWO_TOKENS | (2 << flags::GROUPS_LOG2_SHIFT)
+        );
+        assert_eq!(tw.with_geometry(&swept).flags, sw.flags);
+        assert_eq!(tw.with_geometry(&g).flags, c.with_geometry(&g).flags);
     }
 }

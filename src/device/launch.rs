@@ -50,6 +50,11 @@ pub const CR2_LONE_MAX_ITEMS_LONG_CHUNKS: u64 = 3072;
 /// larger ones lone groups pooling by halves (level with the teams at 8192
 /// tokens).
 pub const CR2_CHUNK_TEAM_MAX_ITEMS: u64 = 4100;
+/// Unscreened launches of long chunks of the plain compressor from this many
+/// items on give a token block two tokens (`TokenBlocks::TwoTokens`: half
+/// the blocks, one of the two tokens closing a group); below it a block per
+/// token was faster (4 requests at 16-512 tokens, measured).
+pub const CR2_TWO_TOKEN_MIN_ITEMS: u64 = 1024;
 /// Decode batches with more multi-token requests screen their tokens from
 /// this many items on, on the multi-token kernels, whose request items also
 /// pool a two-token chunk's second token.
@@ -334,13 +339,15 @@ impl LaunchPolicy {
         // where requests are empty: a lane per token checks them.
         // (The plain compressor only: the fused kernels keep screened
         // blocks, kernels-hip/kv_compress.hip.)
+        // The plain compressor's long-chunk teams have a kernel of their own,
+        // whose larger unscreened launches give a token block two tokens.
+        let long_chunks = !decode && !fused && shape == Cr2Items::Teams;
         let tokens = match (screened, n <= num_reqs && !fused) {
+            (false, _) if long_chunks && items >= CR2_TWO_TOKEN_MIN_ITEMS => TokenBlocks::TwoTokens,
             (false, _) => TokenBlocks::Items,
             (true, false) => TokenBlocks::Screened,
             (true, true) => TokenBlocks::Swept,
         };
-        // The plain compressor's long-chunk teams have a kernel of their own.
-        let long_chunks = !decode && !fused && shape == Cr2Items::Teams;
         Cr2Shape {
             items: shape,
             tokens,
@@ -411,11 +418,11 @@ impl LaunchPolicy {
                 long_chunks: false,
             }
         };
-        let team = |groups| {
-            if shape.tokens != TokenBlocks::Items {
+        let team = |groups| match shape.tokens {
+            TokenBlocks::Items => team_geometry(items, groups),
+            TokenBlocks::TwoTokens => two_token_geometry(n, reqs, groups),
+            TokenBlocks::Screened | TokenBlocks::Swept => {
                 screened_team_geometry(n, reqs, groups, shape.tokens)
-            } else {
-                team_geometry(items, groups)
             }
         };
         Launch {
@@ -518,6 +525,16 @@ pub fn team_geometry(items: u64, groups: u32) -> Geometry {
         groups_log2: groups.trailing_zeros(),
         token_blocks: TokenBlocks::Items,
         shared_bytes: CR2_POOLED_BYTES,
+    }
+}
+
+/// Shape of a team launch of long chunks, `n` tokens in `num_reqs`
+/// requests: a block per request, then a block per two tokens, with one
+/// token's pooled buffer (`kv_cr2_token_pair`).
+pub fn two_token_geometry(n: u64, num_reqs: u64, groups: u32) -> Geometry {
+    Geometry {
+        token_blocks: TokenBlocks::TwoTokens,
+        ..team_geometry(num_reqs + n.div_ceil(2), groups)
     }
 }
 
@@ -947,7 +964,12 @@ mod tests {
         }
         assert_eq!(M.geometry(7).shared_bytes, 0);
         for fused in [false, true] {
-            let screens = |n, reqs| M.cr2_shape(n, reqs, fused).tokens != TokenBlocks::Items;
+            let screens = |n, reqs| {
+                matches!(
+                    M.cr2_shape(n, reqs, fused).tokens,
+                    TokenBlocks::Screened | TokenBlocks::Swept
+                )
+            };
             // Swept where there are no more tokens than requests, else
             // screened (the plain compressor only).
             let sweeps = |n, reqs| M.cr2_shape(n, reqs, fused).tokens == TokenBlocks::Swept;
@@ -992,6 +1014,18 @@ mod tests {
             assert_eq!(kernel(n, reqs), Kernel::CompressCr2TeamChunks, "{n} tokens");
         }
         assert_eq!(kernel(8192, 4), Kernel::CompressCr2Long);
+        // Unscreened, their token blocks cover two tokens; nothing else's do.
+        let two = |n, reqs, fused| M.cr2_shape(n, reqs, fused).tokens == TokenBlocks::TwoTokens;
+        let min = CR2_TWO_TOKEN_MIN_ITEMS;
+        assert!(two(min - 4, 4, false) && two(1536, 4, false));
+        assert!(!two(min - 5, 4, false) && !two(16, 4, false) && !two(6, 2, false));
+        assert!(!two(2048, 4, false) && !two(1536, 4, true) && !two(16, 16, false));
+        for (n, reqs) in [(1u64, 1u64), (1535, 4), (1536, 4), (7, 3)] {
+            let g = two_token_geometry(n, reqs, CR2_TEAM_GROUPS);
+            assert_eq!(g.grid as u64, reqs + n.div_ceil(2));
+            assert_eq!(g.shared_bytes, CR2_POOLED_BYTES);
+            assert_eq!(g.token_blocks.tokens_per_block(CR2_TEAM_GROUPS), 2);
+        }
         assert_eq!(kernel(2048, 1024), Kernel::CompressCr2TeamMtp);
         assert_eq!(kernel(16, 16), Kernel::CompressCr2Team);
         // The multi-token kernels: screened launches that are not mostly
@@ -1016,6 +1050,7 @@ mod tests {
                         matches!(s.items, Cr2Items::Teams | Cr2Items::Pairs)
                             || s.tokens == TokenBlocks::Items
                     );
+                    assert!(s.long_chunks || s.tokens != TokenBlocks::TwoTokens);
                     assert!(s.tokens == TokenBlocks::Screened || !s.multi_token);
                     // The fused kernels have no swept token blocks.
                     assert!(!fused || s.tokens != TokenBlocks::Swept);
