@@ -104,9 +104,10 @@ KV_DEVICE void kv_compress_cr1_item(const KvCompressParams& c, const KvInsertPar
 // a team of KV_CR2_TEAM groups (one block): each lane pools 16 / KV_CR2_TEAM
 // dims (kv_part_offset), the pooled values meet in shared memory, and group 0
 // norms and emits them exactly as a lone group does (the sum order of the
-// norm is unchanged). In a plain compress, which stores the latent as it is,
-// every lane norms its own dims in that same order instead
-// (kv_team_norm_store). TEAM = 1 is the lone group.
+// norm is unchanged). In the plain compressor's long-chunk teams
+// (kv_compress_cr2_team_chunks), which store the latent as it is, every lane
+// norms its own dims in that same order instead (kv_team_norm_store).
+// TEAM = 1 is the lone group.
 //
 // Large decode batches of one-token requests run pairs of groups instead:
 // a block of 64 threads, one AMD wavefront, with half the idle lanes of a
@@ -189,22 +190,21 @@ KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins
 }
 
 // The norm and the store of a plain compress's latent of token t, pooled by
-// a team (TEAM = 2 or 4) whose lane (g, l) holds v, the N = 16 / TEAM dims
-// [N m, N m + N) with m = l + 32 g (kv_part_offset): every lane norms and
-// stores its own dims, where one group took all 512 after the team's
-// barrier. The sum is math::sum_squares_512's tree, bit for bit: its lane
-// i is the TEAM lanes m = TEAM i + k, whose fold steps a[j] += a[j + h]
-// run across those lanes (xor h / N) while h >= N and then inside each;
-// its butterfly's first levels, i ^ 16 down to i ^ (32 / TEAM) (the bits of
-// i that are g), are a fold by halves of the TEAM groups' sums in shared
-// memory (sums: 32 floats), the rest shuffles (lane xor 16
-// down to xor TEAM). Every lane of the team calls this (one barrier);
-// `emit` gates only the store. (The fused kernels' records want a lane's
-// 16 dims: they keep kv_rms_norm16.)
+// a team of four whose lane (g, l) holds v, the N = 4 dims [4 m, 4 m + 4)
+// with m = l + 32 g (kv_part_offset): every lane norms and stores its own
+// dims, where one group took all 512 after the team's barrier. The sum is
+// math::sum_squares_512's tree, bit for bit: its lane i is the four lanes
+// m = 4 i + k, whose fold steps a[j] += a[j + h] run across those lanes
+// for h = 8, 4 (xor 2, xor 1) and inside each for h = 2, 1; its
+// butterfly's first levels, i ^ 16 and i ^ 8 (the bits of i that are g),
+// are a fold by halves of the four groups' sums in shared memory (sums: 32
+// floats), the rest shuffles (lane xor 16, 8, 4). Every lane of the team
+// calls this (one barrier); `emit` gates only the store. (The fused
+// kernels' records want a lane's 16 dims: they keep kv_rms_norm16.)
 template <int TEAM>
 KV_DEVICE void kv_team_norm_store(const KvCompressParams& c, int64_t t, KvTeamLane tl, const float v[16 / TEAM],
                                   float* sums, bool emit) {
-    static_assert(TEAM == 2 || TEAM == 4, "pairs or teams of four");
+    static_assert(TEAM == 4, "teams of four (the long-chunk teams)");
     constexpr int N = 16 / TEAM;
     const unsigned m = tl.l + KV_GROUP_LANES * tl.g;
     // The lane's N weights (BF16, two a word), issued before the sum.
@@ -213,29 +213,23 @@ KV_DEVICE void kv_team_norm_store(const KvCompressParams& c, int64_t t, KvTeamLa
     float a[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) a[j] = v[j] * v[j];
-    if constexpr (N == 4) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = a[j] + kv_shfl_xor(a[j], 2);  // h = 8
+    for (int j = 0; j < 4; ++j) a[j] = a[j] + kv_shfl_xor(a[j], 2);  // h = 8
 #pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = a[j] + kv_shfl_xor(a[j], 1);  // h = 4
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) a[j] = a[j] + kv_shfl_xor(a[j], 1);  // h = 8
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = a[j] + a[j + 4];  // h = 4
-    }
+    for (int j = 0; j < 4; ++j) a[j] = a[j] + kv_shfl_xor(a[j], 1);  // h = 4
     a[0] = a[0] + a[2];
     a[1] = a[1] + a[3];
     a[0] = a[0] + a[1];
-    // Tree lane i = (32 / TEAM) g + l / TEAM at sums[TEAM (l / TEAM) + g], so that a
-    // lane reads its i's TEAM groups' sums in one load.
-    if (tl.l % TEAM == 0u) sums[tl.l + tl.g] = a[0];
+    // Tree lane i = 8 g + l / 4 at sums[4 (l / 4) + g], so that a lane reads
+    // its i's four groups' sums in one load.
+    if (tl.l % 4u == 0u) sums[tl.l + tl.g] = a[0];
     kv_sync();
-    float e[TEAM];
-    kv_loadNf<TEAM>(sums + (tl.l - tl.l % TEAM), e);
-    float s = TEAM == 4 ? (e[0] + e[2]) + (e[1] + e[3]) : e[0] + e[1];
-#pragma unroll
-    for (int h = 16; h >= TEAM; h /= 2) s = s + kv_shfl_xor(s, h);
+    float e[4];
+    kv_loadNf<4>(sums + (tl.l - tl.l % 4u), e);
+    float s = (e[0] + e[2]) + (e[1] + e[3]);
+    s = s + kv_shfl_xor(s, 16);
+    s = s + kv_shfl_xor(s, 8);
+    s = s + kv_shfl_xor(s, 4);
     // As kv_rms_norm16: s / 512 as s * 2^-9.
     float var = s * 0.001953125f;
     float inv = kv_divf(1.0f, kv_sqrtf(var + c.eps));
@@ -252,8 +246,9 @@ KV_DEVICE void kv_team_norm_store(const KvCompressParams& c, int64_t t, KvTeamLa
 }
 
 // Pools (older, newer) over the team, then group 0 norms and emits the latent
-// of token t (at position `pos`); in a plain compress the whole team norms
-// and stores it (kv_team_norm_store). A team meets at one barrier, so every lane
+// of token t (at position `pos`); with TEAM_NORM (the long-chunk teams) the
+// whole team norms and stores it (kv_team_norm_store). A team meets at one
+// barrier, so every lane
 // of the block must call this (the callers' conditions are the same for the
 // whole item). The steps of kv_pool_part and kv_norm_emit (the weights'
 // load after the pooling included) are written out here: through the
@@ -446,7 +441,7 @@ KV_DEVICE bool kv_cr2_chunk_owns(const KvCompressParams& c, int64_t t, const KvP
 // 516; docs/tuning.md). Both tokens' indices come in one round trip; a
 // closing token's rows come with its chunk's bounds (row t - 1 clamped to
 // row 0, so the read stays inside kv_score whatever the chunk), and the
-// bounds gate only the emission (kv_cr2_chunk_owns after the pooling). Where
+// bounds gate only the emission (counted after the pooling). Where
 // both tokens close (a chunk ends at an odd position), the second follows
 // the first. The tests are the same for the whole block, so every lane
 // meets every barrier.
