@@ -9,6 +9,15 @@
 
 // ---- the norm: math::sum_squares_512 / inv_rms_512 / norm_scale ----------
 
+// math::inv_rms_512 from the sum of squares s (math::sum_squares_512): s / 512
+// as its product with 2^-9, the same real, so the same rounded bits
+// (tests/formats_exhaustive.rs), without the division's range check (CR1
+// 1-2 % faster at decode sizes: docs/tuning.md, The norm).
+KV_DEVICE float kv_inv_rms_of_sum(float s, float eps) {
+    float var = s * 0.001953125f;
+    return kv_divf(1.0f, kv_sqrtf(var + eps));
+}
+
 // Lane l holds v[16 l .. 16 l + 16) and w, its 16 weights (the tuned
 // kernels' BF16 ones loaded by the caller with its first reads, not after
 // them): squares folded by halves inside the lane, then a butterfly over the
@@ -33,11 +42,7 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const W& w, float eps, uint16_t 
     s = s + kv_shfl_xor(s, 4);
     s = s + kv_shfl_xor(s, 2);
     s = s + kv_shfl_xor(s, 1);
-    // s / 512 as its product with 2^-9: the same real, so the same rounded
-    // bits (tests/formats_exhaustive.rs), without the division's range check
-    // (CR1 1-2 % faster at decode sizes: docs/tuning.md, The norm).
-    float var = s * 0.001953125f;
-    float inv = kv_divf(1.0f, kv_sqrtf(var + eps));
+    float inv = kv_inv_rms_of_sum(s, eps);
     float r[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) r[j] = (v[j] * inv) * kv_weight_at(w, j);
@@ -230,9 +235,7 @@ KV_DEVICE void kv_team_norm_store(const KvCompressParams& c, int64_t t, KvTeamLa
     s = s + kv_shfl_xor(s, 16);
     s = s + kv_shfl_xor(s, 8);
     s = s + kv_shfl_xor(s, 4);
-    // As kv_rms_norm16: s / 512 as s * 2^-9.
-    float var = s * 0.001953125f;
-    float inv = kv_divf(1.0f, kv_sqrtf(var + c.eps));
+    float inv = kv_inv_rms_of_sum(s, c.eps);
     if (!emit) return;
     float r[N];
 #pragma unroll
