@@ -26,7 +26,8 @@ KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile
 // by token, then their 4 G RoPE tiles. Only the RoPE tiles read cos/sin and
 // run the two-step rotation, so with this order whole warps / wavefronts are
 // NoPE and take one path; with a token per group every warp would run both.
-// For layouts whose tiles need no other lane (NVFP4, BF16 and FP8 rows).
+// For the BF16 and FP8 rows, whose tiles need no other lane (NVFP4's map is
+// kv_tile_of_thread_runs, below).
 KV_DEVICE void kv_tile_of_thread(uint32_t flags, int64_t* t, unsigned* tile) {
     uint32_t log2 = (flags >> KV_F_GROUPS_LOG2_SHIFT) & 7u;
     uint32_t nope = 28u << log2;  // NoPE tiles in the block
@@ -34,6 +35,21 @@ KV_DEVICE void kv_tile_of_thread(uint32_t flags, int64_t* t, unsigned* tile) {
     uint32_t tok = i < nope ? i / 28u : (i - nope) >> 2;
     *tile = i < nope ? i - 28u * tok : 28u + (i & 3u);
     *t = (int64_t)((kv_bid() << log2) + tok);
+}
+
+// NVFP4's tile-major map: runs of 8 tokens over 256 threads (a block of 8
+// groups, 2 of 4 or 4 of 2), threads 0 .. 223 of a run taking the NoPE tiles
+// token by token and the last 32 the RoPE tiles. Every 32-lane warp then
+// holds tiles of one kind: NVFP4's NoPE tiles run an encoder of their own
+// (kv_quantize_nvfp4_nope_tile_bf16x2), which a mixed warp would run beside
+// the RoPE tiles' one. LaunchPolicy::insert_launch sizes the grid in runs.
+KV_DEVICE void kv_tile_of_thread_runs(uint32_t flags, int64_t* t, unsigned* tile) {
+    uint32_t log2 = (flags >> KV_F_GROUPS_LOG2_SHIFT) & 7u;
+    uint64_t i = ((uint64_t)kv_bid() << (5u + log2)) + kv_tid();
+    uint32_t j = (uint32_t)i & 255u;
+    uint32_t tok = j < 224u ? j / 28u : (j - 224u) >> 2;
+    *tile = j < 224u ? j - 28u * tok : 28u + (j & 3u);
+    *t = (int64_t)((i >> 8) << 3) + tok;
 }
 
 #define KV_INSERT_KERNEL(name, LAYOUT)                                              \
@@ -46,7 +62,10 @@ KV_DEVICE void kv_tile_of_thread(uint32_t flags, int64_t* t, unsigned* tile) {
     KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
         int64_t t;                                                                  \
         unsigned tile;                                                              \
-        kv_tile_of_thread(p.flags, &t, &tile);                                      \
+        if (LAYOUT == KV_LAYOUT_NVFP4)                                              \
+            kv_tile_of_thread_runs(p.flags, &t, &tile);                             \
+        else                                                                        \
+            kv_tile_of_thread(p.flags, &t, &tile);                                  \
         if (t < p.n) kv_insert_token<LAYOUT, true>(p, t, tile);                     \
     }
 

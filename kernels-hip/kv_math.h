@@ -157,6 +157,28 @@ KV_DEVICE void kv_nvfp4_reciprocal_bf16x2(float s, float y, uint32_t* yhi, uint3
     *ylo = kv_hw_bf16x2(rest, rest);
 }
 
+// |key| of both halves with a NaN made +0 (math::bf16x2_magnitude_nonnan).
+KV_DEVICE uint32_t kv_bf16x2_magnitude_nonnan(uint32_t key) { return kv_hw_bf16x2_max(key & 0x7fff7fffu, 0u); }
+
+// bf16(128 + magnitude code) of both halves of v, keys' magnitudes with no
+// NaN (math::e2m1x2_magnitudes_bf16x2).
+KV_DEVICE uint32_t kv_e2m1x2_magnitudes_bf16x2(uint32_t v, uint32_t yhi, uint32_t ylo) {
+    uint32_t q = kv_hw_bf16x2_fma(v, yhi, kv_hw_bf16x2_fma(v, ylo, 0x80008000u));
+    uint32_t c1 = kv_hw_bf16x2_fma(q, 0x40004000u, 0x43004300u);
+    uint32_t c2 = kv_hw_bf16x2_fma(q, 0x3f803f80u, 0x43024302u);
+    uint32_t c3 = kv_hw_bf16x2_fma(q, 0x3f003f00u, 0x43044304u);
+    return kv_hw_bf16x2_min(kv_hw_bf16x2_min(c1, c2), kv_hw_bf16x2_min(c3, 0x43074307u));
+}
+
+// The NoPE rotation (kv_rope_nope_pair) of the BF16 pair w (even dim low) on
+// the pair itself: fma(swap(w), (-0, +0), w). Both sums are exact (a BF16
+// value plus a signed zero, or NaN), so the halves are the f32 rotation's
+// results, which are BF16 numbers, up to NaN payloads
+// (math::rope_nope_pair_bf16x2).
+KV_DEVICE uint32_t kv_rope_nope_pair_bf16x2(uint32_t w) {
+    return kv_hw_bf16x2_fma(kv_hw_byte_perm_sx(w, w, 0x1032u), 0x00008000u, w);
+}
+
 // Codes of the values with f32 bits x0, x1 (math::e2m1x2_of_quotient_bf16x2):
 // *m = bf16(128 + magnitude code) of each, *z the signs (a NaN's cleared).
 // The key is the top half with bit 0 set where the low half is not zero
@@ -165,12 +187,7 @@ KV_DEVICE void kv_e2m1x2_of_quotient_bf16x2(uint32_t x0, uint32_t x1, uint32_t y
                                              uint32_t* z) {
     uint32_t sticky = kv_hw_u16x2_min(kv_hw_byte_perm_sx(x0, x1, 0x5410u), 0x00010001u);
     uint32_t key = kv_hw_byte_perm_sx(x0, x1, 0x7632u) | sticky;
-    uint32_t v = kv_hw_bf16x2_max(key & 0x7fff7fffu, 0u);
-    uint32_t q = kv_hw_bf16x2_fma(v, yhi, kv_hw_bf16x2_fma(v, ylo, 0x80008000u));
-    uint32_t c1 = kv_hw_bf16x2_fma(q, 0x40004000u, 0x43004300u);
-    uint32_t c2 = kv_hw_bf16x2_fma(q, 0x3f803f80u, 0x43024302u);
-    uint32_t c3 = kv_hw_bf16x2_fma(q, 0x3f003f00u, 0x43044304u);
-    *m = kv_hw_bf16x2_min(kv_hw_bf16x2_min(c1, c2), kv_hw_bf16x2_min(c3, 0x43074307u));
+    *m = kv_e2m1x2_magnitudes_bf16x2(kv_bf16x2_magnitude_nonnan(key), yhi, ylo);
     *z = kv_hw_bf16x2_min(key, 0x7f807f80u);
 }
 

@@ -144,12 +144,58 @@ KV_DEVICE uint8_t kv_quantize_fp8_part(const float q[16], int lanes_per_block, b
     return kv_ue8m0_scale_byte(finite, e, sanitize);
 }
 
+// The e4m3 scale code of an NVFP4 tile whose NaN-ignoring amax is amax
+// (a NaN or 0 where every value is NaN: either gives the smallest scale).
+KV_DEVICE uint8_t kv_nvfp4_scale_code(float amax) {
+    float t = kv_min_nan_ignoring(kv_fmax_nonneg(amax * KV_INV_6, KV_NVFP4_SCALE_MIN), 448.0f);
+    return kv_e4m3_from_f32_nonnan(t);  // t is finite: in [2^-9, 448]
+}
+
+#if defined(KV_E2M1_BF16X2)
+// A NoPE tile of NVFP4 straight from the latent's BF16 pairs (the
+// tile-major inserts on sm_90+): the rotation by (1, 0) on each pair
+// (kv_rope_nope_pair_bf16x2), whose halves are BF16 numbers and so their
+// own encoder keys; the amax as the NaN-ignoring maximum of the keys'
+// magnitudes (a NaN made 0, which changes no scale code); then the codes
+// as kv_quantize_nvfp4_tile's. No f32 value is formed.
+KV_DEVICE uint8_t kv_quantize_nvfp4_nope_tile_bf16x2(const uint16_t h[16], uint32_t out[2]) {
+    uint32_t v[8], z[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        uint32_t key = kv_rope_nope_pair_bf16x2((uint32_t)h[2 * j] | ((uint32_t)h[2 * j + 1] << 16));
+        v[j] = kv_bf16x2_magnitude_nonnan(key);
+        z[j] = kv_hw_bf16x2_min(key, 0x7f807f80u);
+    }
+    uint32_t a[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = kv_hw_bf16x2_max(v[j], v[j + 4]);
+    a[0] = kv_hw_bf16x2_max(kv_hw_bf16x2_max(a[0], a[2]), kv_hw_bf16x2_max(a[1], a[3]));
+    float amax = kv_fmax_nonneg(kv_u2f(a[0] << 16), kv_u2f(a[0] & 0xffff0000u));
+    uint8_t code = kv_nvfp4_scale_code(amax);
+    float scale, y;
+    kv_nvfp4_scale(code, &scale, &y);
+    uint32_t yhi, ylo;
+    kv_nvfp4_reciprocal_bf16x2(scale, y, &yhi, &ylo);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        uint32_t b[2];
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            int j = 4 * hh + 2 * g;
+            b[g] = kv_e2m1x4_bytes_bf16x2(kv_e2m1x2_magnitudes_bf16x2(v[j], yhi, ylo), z[j],
+                                          kv_e2m1x2_magnitudes_bf16x2(v[j + 1], yhi, ylo), z[j + 1]);
+        }
+        out[hh] = kv_hw_byte_perm_sx(b[0], b[1], 0x5410u);
+    }
+    return code;
+}
+#endif
+
 // One NVFP4 tile (the lane's 16 dims): 8 bytes of e2m1 pairs as two
 // little-endian words; returns the e4m3 scale byte.
 KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint32_t out[2]) {
     float amax = kv_amax16(r);
-    float t = kv_min_nan_ignoring(kv_fmax_nonneg(amax * KV_INV_6, KV_NVFP4_SCALE_MIN), 448.0f);
-    uint8_t code = kv_e4m3_from_f32_nonnan(t);  // t is finite: in [2^-9, 448]
+    uint8_t code = kv_nvfp4_scale_code(amax);
     float scale, y;
     kv_nvfp4_scale(code, &scale, &y);
 #if defined(KV_E2M1_BF16X2)
@@ -212,6 +258,19 @@ KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t po
     return true;
 }
 
+// Stores an NVFP4 tile's 8 bytes and its scale byte into slot's record.
+KV_DEVICE void kv_store_nvfp4_tile(const KvInsertParams& p, int64_t slot, unsigned tile, const uint32_t q[2],
+                                   uint8_t sb) {
+    int64_t row;
+    int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
+    uint8_t* page = p.cache + block * p.block_stride;
+    kv_u32x2 w;
+    w.x = q[0];
+    w.y = q[1];
+    *(kv_u32x2*)(page + row * 256 + 8 * tile) = w;
+    page[p.block_size * 256 + row * 32 + tile] = sb;
+}
+
 // Writes token's record from its BF16 latent: the 16 dims of tile `tile`
 // (dims 16 tile .. 16 tile + 16). A group's lane l holds tile l; the
 // tile-major inserts below map threads to tiles differently, and V4, whose
@@ -224,6 +283,15 @@ template <int LAYOUT, bool TILES, bool PAIR_LOADED = false, bool WIDE = false>
 KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t base, unsigned tile,
                                const uint16_t h[16], float fp8_scale, uint32_t pair = 0u) {
     const bool sanitize = (p.flags & KV_F_SANITIZE) != 0u;
+#if defined(KV_E2M1_BF16X2)
+    // Tile-major NoPE tiles of NVFP4 (whole warps of them) skip the f32 values.
+    if (LAYOUT == KV_LAYOUT_NVFP4 && TILES && tile < 28u) {
+        uint32_t q[2];
+        uint8_t sb = kv_quantize_nvfp4_nope_tile_bf16x2(h, q);
+        kv_store_nvfp4_tile(p, slot, tile, q, sb);
+        return;
+    }
+#endif
     // V4's RoPE pair first, while the latent is still packed: the fused CR2
     // kernels sit at their register limit.
     uint32_t v4_pair = LAYOUT != KV_LAYOUT_V4 ? 0u : PAIR_LOADED ? pair : kv_gather_rope_pair(h, tile);
@@ -285,11 +353,18 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         // clamp to the 2^-9 scale). The parity tests cover both settings.
         uint32_t q[2];
         uint8_t sb = kv_quantize_nvfp4_tile(r, q);
-        kv_u32x2 w;
-        w.x = q[0];
-        w.y = q[1];
-        *(kv_u32x2*)(values + 8 * tile) = w;
-        scales[tile] = sb;
+        if (TILES) {
+            kv_store_nvfp4_tile(p, slot, tile, q, sb);
+        } else {
+            // The page and row computed above: through kv_store_nvfp4_tile
+            // ptxas schedules every fused NVFP4 kernel differently, and the
+            // fused CR2 rows measured 1-2.4 % slower (docs/tuning.md).
+            kv_u32x2 w;
+            w.x = q[0];
+            w.y = q[1];
+            *(kv_u32x2*)(values + 8 * tile) = w;
+            scales[tile] = sb;
+        }
     } else if (LAYOUT == KV_LAYOUT_BF16) {
         uint16_t o[16];
         kv_bf16x16_from_f32(r, o);

@@ -892,6 +892,111 @@ fn rope_nope_pair_is_rope_pair_with_identity() {
     });
 }
 
+/// `math::rope_nope_pair_bf16x2` (the sm_90+ NVFP4 insert's NoPE rotation on
+/// a BF16 pair) against `rope_nope_pair` on the pair's two values, for all
+/// 2^32 pairs: each half must be the BF16 bits of the f32 result (which is a
+/// BF16 number: a BF16 value plus a signed zero), two NaNs being equal.
+#[test]
+fn rope_nope_pair_bf16x2_is_rope_nope_pair_on_every_pair() {
+    use dsv4_kvcache::math::{rope_nope_pair, rope_nope_pair_bf16x2};
+    let bad: u64 = (0u32..=0xffff)
+        .into_par_iter()
+        .map(|hi| {
+            let mut bad = 0u64;
+            for lo in 0u32..=0xffff {
+                let got = rope_nope_pair_bf16x2((hi << 16) | lo);
+                let (re, ro) = rope_nope_pair(bf16_to_f32(lo as u16), bf16_to_f32(hi as u16));
+                for (half, want) in [(got & 0xffff, re), (got >> 16, ro)] {
+                    let g = bf16_to_f32(half as u16);
+                    if !(g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan())) {
+                        bad += 1;
+                    }
+                }
+            }
+            bad
+        })
+        .sum();
+    assert_eq!(
+        bad, 0,
+        "BF16-pair NoPE rotation differs from rope_nope_pair"
+    );
+}
+
+/// `math::quantize_nvfp4_nope_tile_bf16x2` (the sm_90+ tile-major insert's
+/// NoPE tiles, which never form f32 values) against the reference's
+/// `quantize_nvfp4_tile` of the f32 NoPE rotation: tiles of random BF16
+/// bits, tiles whose values sit at every scale code's decision points and
+/// their BF16 neighbours, and tiles mixing zeros of both signs, subnormals,
+/// infinities and NaNs (all-NaN and all-zero tiles among them).
+#[test]
+fn nvfp4_nope_tiles_on_bf16_pairs_match_the_reference() {
+    use dsv4_kvcache::math::{quantize_nvfp4_nope_tile_bf16x2, rope_nope_pair};
+    use dsv4_kvcache::reference::quantize_nvfp4_tile;
+    fn check(h: &[u16; 16]) {
+        let mut r = [0f32; 16];
+        for j in 0..8 {
+            let (e, o) = rope_nope_pair(bf16_to_f32(h[2 * j]), bf16_to_f32(h[2 * j + 1]));
+            r[2 * j] = e;
+            r[2 * j + 1] = o;
+        }
+        let mut want = [0u8; 8];
+        let want_code = quantize_nvfp4_tile(&r, &mut want);
+        let (got, code) = quantize_nvfp4_nope_tile_bf16x2(h);
+        assert_eq!((got, code), (want, want_code), "tile {h:#06x?}");
+    }
+    let specials: [u16; 14] = [
+        0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x0080, 0x7f7f, 0xff7f, 0x7f80, 0xff80, 0x7fc0,
+        0xffc0, 0x7f81, 0xffff,
+    ];
+    (0u64..16).into_par_iter().for_each(|chunk| {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (chunk << 40);
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..200_000 {
+            let mut h = [0u16; 16];
+            for v in h.iter_mut() {
+                *v = next() as u16;
+            }
+            check(&h);
+            // A few special values in a random tile.
+            for _ in 0..3 {
+                let i = (next() % 16) as usize;
+                h[i] = specials[(next() % specials.len() as u64) as usize];
+            }
+            check(&h);
+            // Every value special.
+            let h: [u16; 16] =
+                std::array::from_fn(|_| specials[(next() % specials.len() as u64) as usize]);
+            check(&h);
+        }
+    });
+    // For each scale code: a tile whose amax sets that code, the other
+    // values at the code's decision points t s and one BF16 step either side.
+    (1u8..=126).into_par_iter().for_each(|code| {
+        let s = e4m3_to_f32(code);
+        let mut vals = Vec::new();
+        for t in [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] {
+            let d = bf16_from_f32(t * s);
+            vals.extend([d, d.wrapping_sub(1), d.wrapping_add(1), d | 0x8000]);
+        }
+        let top = bf16_from_f32(6.0 * s);
+        for (k, chunk) in vals.chunks(15).enumerate() {
+            for amax in [top, top.wrapping_sub(1), top.wrapping_add(1)] {
+                let mut h = [0u16; 16];
+                h[k % 16] = amax;
+                for (j, &v) in chunk.iter().enumerate() {
+                    h[(k + 1 + j) % 16] = v;
+                }
+                check(&h);
+            }
+        }
+    });
+}
+
 /// `math::pool2_terms` runs one `exp` per dim and takes the larger score's
 /// weight (`exp` of `±0` or NaN) by a select. Its numerator and denominator
 /// must have the bits of the two-exp form semantics.md writes, for scores of

@@ -80,7 +80,10 @@ pub fn insert_kernel(layout: RecordLayout) -> Kernel {
 
 /// The tile-major insert kernel of a layout, where it has one: a block's
 /// tokens as NoPE tiles first, then their RoPE tiles, so that whole warps
-/// skip the RoPE work (see `kv_tile_of_thread` in kernels-hip/kv_insert.hip).
+/// skip the RoPE work (NVFP4: in runs of 8 tokens over 256 threads, so that
+/// no warp mixes the two; see `kv_tile_of_thread` and
+/// `kv_tile_of_thread_runs` in kernels-hip/kv_insert.hip and
+/// [`crate::launch::tiles_geometry`]).
 /// Only layouts whose 16-dim tiles need no other lane have one.
 pub fn insert_tiles_kernel(layout: RecordLayout) -> Option<Kernel> {
     match layout {

@@ -379,11 +379,17 @@ impl LaunchPolicy {
                 geometry,
             };
         }
-        let tiles = insert_tiles_kernel(p.cache.layout)
-            .filter(|_| self.insert_uses_tiles(p.compress_ratio, p.n as u64));
-        Launch {
-            kernel: tiles.unwrap_or_else(|| insert_kernel(p.cache.layout)),
-            geometry,
+        match insert_tiles_kernel(p.cache.layout)
+            .filter(|_| self.insert_uses_tiles(p.compress_ratio, p.n as u64))
+        {
+            Some(kernel) => Launch {
+                kernel,
+                geometry: tiles_geometry(kernel, geometry, p.n as u64),
+            },
+            None => Launch {
+                kernel: insert_kernel(p.cache.layout),
+                geometry,
+            },
         }
     }
 
@@ -516,6 +522,24 @@ fn compress_cr2_kernel(compress_ratio: u32, shape: Cr2Shape) -> Kernel {
         (Cr2Items::LoneHalves, _, _) => Kernel::CompressCr2Long,
     }
 }
+
+/// Shape of a tile-major insert of `n` tokens by `kernel` in blocks of `g`'s
+/// size. NVFP4's map runs in runs of 8 tokens over 256 threads
+/// (`kv_tile_of_thread_runs`, kernels-hip/kv_insert.hip), so its grid counts
+/// runs; the BF16 and FP8 rows keep a block's G tokens (`kv_tile_of_thread`).
+pub fn tiles_geometry(kernel: Kernel, g: Geometry, n: u64) -> Geometry {
+    if kernel != Kernel::InsertNvfp4Tiles {
+        return g;
+    }
+    Geometry {
+        grid: (n.div_ceil(TILE_RUN_TOKENS) << (3 - g.groups_log2)).max(1) as u32,
+        ..g
+    }
+}
+
+/// Tokens of a run of NVFP4's tile-major map: 256 threads, a block of
+/// [`BLOCK_THREADS`] at most.
+pub const TILE_RUN_TOKENS: u64 = 8;
 
 /// Shape of a team launch: one block of `groups` groups per item.
 pub fn team_geometry(items: u64, groups: u32) -> Geometry {
@@ -829,6 +853,60 @@ mod tests {
             RecordLayout::Fp8Rows,
         ] {
             assert!(insert_tiles_kernel(l).is_some());
+        }
+    }
+
+    /// The thread-to-tile map of `kv_tile_of_thread_runs` (kernels-hip/kv_insert.hip).
+    fn tile_of_thread_runs(groups_log2: u32, block: u32, thread: u32) -> (u64, u32) {
+        let i = (u64::from(block) << (5 + groups_log2)) + u64::from(thread);
+        let j = (i & 255) as u32;
+        let (tok, tile) = if j < 224 {
+            (j / 28, j % 28)
+        } else {
+            ((j - 224) >> 2, 28 + (j & 3))
+        };
+        ((i >> 8) * TILE_RUN_TOKENS + u64::from(tok), tile)
+    }
+
+    #[test]
+    fn nvfp4_tile_major_launches_cover_every_tile_once_with_one_kind_per_warp() {
+        for forced in [None, Some(2), Some(4), Some(8)] {
+            let pol = LaunchPolicy {
+                groups_per_block: forced,
+                insert_tiles: Some(true),
+                ..M
+            };
+            for n in [1u64, 2, 7, 8, 9, 31, 32, 33, 100, 2049, 4100] {
+                let g = tiles_geometry(Kernel::InsertNvfp4Tiles, pol.geometry(n), n);
+                let mut seen = vec![0u8; n as usize * 32];
+                for b in 0..g.grid {
+                    for w in (0..g.block_threads).step_by(32) {
+                        let mut kinds = std::collections::HashSet::new();
+                        for i in w..w + 32 {
+                            let (t, tile) = tile_of_thread_runs(g.groups_log2, b, i);
+                            kinds.insert(tile >= 28);
+                            if t < n {
+                                seen[t as usize * 32 + tile as usize] += 1;
+                            }
+                        }
+                        assert_eq!(kinds.len(), 1, "block {b}: a warp mixes NoPE and RoPE");
+                    }
+                }
+                assert!(
+                    seen.iter().all(|&c| c == 1),
+                    "n = {n}: a tile missed or repeated"
+                );
+                // Whole runs, none past the last token's.
+                let threads = u64::from(g.grid) * u64::from(g.block_threads);
+                assert_eq!(threads, 256 * n.div_ceil(TILE_RUN_TOKENS));
+            }
+            // The other tile-major inserts keep the plain geometry.
+            for k in [Kernel::InsertBf16Tiles, Kernel::InsertFp8Tiles] {
+                assert_eq!(
+                    tiles_geometry(k, pol.geometry(4100), 4100),
+                    pol.geometry(4100)
+                );
+            }
         }
     }
 

@@ -362,17 +362,83 @@ pub fn nvfp4_reciprocal_bf16x2(s: f32, y: f32) -> (u32, u32) {
 /// sign is the key's, with a NaN made `+inf` (code 0 has no sign).
 #[inline]
 pub fn e2m1x2_of_quotient_bf16x2(x0: u32, x1: u32, yhi: u32, ylo: u32) -> (u32, u32) {
-    use crate::formats::{bf16x2_fma, bf16x2_max, bf16x2_min, byte_perm, u16x2_min};
+    use crate::formats::{bf16x2_min, byte_perm, u16x2_min};
     let high = byte_perm(x0, x1, 0x7632);
     let low = byte_perm(x0, x1, 0x5410);
     let key = high | u16x2_min(low, 0x0001_0001);
-    let v = bf16x2_max(key & 0x7fff_7fff, 0);
+    let m = e2m1x2_magnitudes_bf16x2(bf16x2_magnitude_nonnan(key), yhi, ylo);
+    (m, bf16x2_min(key, 0x7f80_7f80))
+}
+
+/// `|key|` of both halves of a BF16 pair, a NaN made `+0` (twin
+/// `kv_bf16x2_magnitude_nonnan`).
+#[inline]
+pub fn bf16x2_magnitude_nonnan(key: u32) -> u32 {
+    crate::formats::bf16x2_max(key & 0x7fff_7fff, 0)
+}
+
+/// `bf16(128 + code)` of the e2m1 magnitude code of both halves of `v`
+/// (keys' magnitudes without NaN) in a tile of reciprocal `(yhi, ylo)`: the
+/// quotient and the three lines of [`e2m1x2_of_quotient_bf16x2`] (twin
+/// `kv_e2m1x2_magnitudes_bf16x2`).
+#[inline]
+pub fn e2m1x2_magnitudes_bf16x2(v: u32, yhi: u32, ylo: u32) -> u32 {
+    use crate::formats::{bf16x2_fma, bf16x2_min};
     let q = bf16x2_fma(v, yhi, bf16x2_fma(v, ylo, 0x8000_8000));
     let c1 = bf16x2_fma(q, 0x4000_4000, 0x4300_4300);
     let c2 = bf16x2_fma(q, 0x3f80_3f80, 0x4302_4302);
     let c3 = bf16x2_fma(q, 0x3f00_3f00, 0x4304_4304);
-    let m = bf16x2_min(bf16x2_min(c1, c2), bf16x2_min(c3, 0x4307_4307));
-    (m, bf16x2_min(key, 0x7f80_7f80))
+    bf16x2_min(bf16x2_min(c1, c2), bf16x2_min(c3, 0x4307_4307))
+}
+
+/// [`rope_nope_pair`] on a BF16 pair `w` (the even dim in the low half) as
+/// the sm_90+ NVFP4 insert runs it: `fma(swap(w), (-0, +0), w)` in BF16.
+/// Each half is a BF16 value plus a signed zero (or NaN), exact, so the
+/// halves are the BF16 bits of `rope_nope_pair`'s results, which are BF16
+/// numbers, up to NaN sign and payload; tests/formats_exhaustive.rs checks
+/// all 2^32 pairs (twin `kv_rope_nope_pair_bf16x2`).
+#[inline]
+pub fn rope_nope_pair_bf16x2(w: u32) -> u32 {
+    use crate::formats::{bf16x2_fma, byte_perm};
+    bf16x2_fma(byte_perm(w, w, 0x1032), 0x0000_8000, w)
+}
+
+/// An NVFP4 NoPE tile from its 16 BF16 latent values as the sm_90+
+/// tile-major insert encodes it, without f32 values (twin
+/// `kv_quantize_nvfp4_nope_tile_bf16x2`): each pair rotated by
+/// [`rope_nope_pair_bf16x2`] is its own key; the amax is the NaN-ignoring
+/// maximum of the keys' magnitudes (a NaN made 0: an all-NaN tile's amax is
+/// then 0 instead of NaN, and both give the smallest scale); the codes as
+/// [`e2m1x2_of_quotient_bf16x2`] gives them. Returns the 8 value bytes and
+/// the e4m3 scale byte.
+pub fn quantize_nvfp4_nope_tile_bf16x2(h: &[u16; 16]) -> ([u8; 8], u8) {
+    use crate::formats::{bf16x2_max, bf16x2_min, e4m3_from_f32, nvfp4_scale};
+    let mut v = [0u32; 8];
+    let mut z = [0u32; 8];
+    for j in 0..8 {
+        let key = rope_nope_pair_bf16x2(u32::from(h[2 * j]) | (u32::from(h[2 * j + 1]) << 16));
+        v[j] = bf16x2_magnitude_nonnan(key);
+        z[j] = bf16x2_min(key, 0x7f80_7f80);
+    }
+    let a = v.iter().fold(0, |a, &x| bf16x2_max(a, x));
+    let amax = max_nan_ignoring(f32::from_bits(a << 16), f32::from_bits(a & 0xffff_0000));
+    let t = min_nan_ignoring(max_nan_ignoring(amax * INV_6, NVFP4_SCALE_MIN), 448.0);
+    let code = e4m3_from_f32(t);
+    let (s, y) = nvfp4_scale(code);
+    let (yhi, ylo) = nvfp4_reciprocal_bf16x2(s, y);
+    let mut out = [0u8; 8];
+    for k in 0..4 {
+        let (j, l) = (2 * k, 2 * k + 1);
+        let b = e2m1x4_bytes_bf16x2(
+            e2m1x2_magnitudes_bf16x2(v[j], yhi, ylo),
+            z[j],
+            e2m1x2_magnitudes_bf16x2(v[l], yhi, ylo),
+            z[l],
+        );
+        out[2 * k] = b as u8;
+        out[2 * k + 1] = (b >> 8) as u8;
+    }
+    (out, code)
 }
 
 /// The NVFP4 bytes of two [`e2m1x2_of_quotient_bf16x2`] results `(ma, za)`
