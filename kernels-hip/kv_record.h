@@ -152,6 +152,13 @@ KV_DEVICE uint8_t kv_nvfp4_scale_code(float amax) {
 }
 
 #if defined(KV_E2M1_BF16X2)
+// The BF16-pair reciprocal (yhi, ylo) of the NVFP4 scale of e4m3 code `code`.
+KV_DEVICE void kv_nvfp4_code_reciprocal_bf16x2(uint8_t code, uint32_t* yhi, uint32_t* ylo) {
+    float scale, y;
+    kv_nvfp4_scale(code, &scale, &y);
+    kv_nvfp4_reciprocal_bf16x2(scale, y, yhi, ylo);
+}
+
 // A NoPE tile of NVFP4 straight from the latent's BF16 pairs (the
 // tile-major inserts on sm_90+): the rotation by (1, 0) on each pair
 // (kv_rope_nope_pair_bf16x2), whose halves are BF16 numbers and so their
@@ -172,10 +179,8 @@ KV_DEVICE uint8_t kv_quantize_nvfp4_nope_tile_bf16x2(const uint16_t h[16], uint3
     a[0] = kv_hw_bf16x2_max(kv_hw_bf16x2_max(a[0], a[2]), kv_hw_bf16x2_max(a[1], a[3]));
     float amax = kv_fmax_nonneg(kv_u2f(a[0] << 16), kv_u2f(a[0] & 0xffff0000u));
     uint8_t code = kv_nvfp4_scale_code(amax);
-    float scale, y;
-    kv_nvfp4_scale(code, &scale, &y);
     uint32_t yhi, ylo;
-    kv_nvfp4_reciprocal_bf16x2(scale, y, &yhi, &ylo);
+    kv_nvfp4_code_reciprocal_bf16x2(code, &yhi, &ylo);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         uint32_t b[2];
@@ -196,11 +201,9 @@ KV_DEVICE uint8_t kv_quantize_nvfp4_nope_tile_bf16x2(const uint16_t h[16], uint3
 KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint32_t out[2]) {
     float amax = kv_amax16(r);
     uint8_t code = kv_nvfp4_scale_code(amax);
-    float scale, y;
-    kv_nvfp4_scale(code, &scale, &y);
 #if defined(KV_E2M1_BF16X2)
     uint32_t yhi, ylo;
-    kv_nvfp4_reciprocal_bf16x2(scale, y, &yhi, &ylo);
+    kv_nvfp4_code_reciprocal_bf16x2(code, &yhi, &ylo);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         uint32_t b[2];
@@ -215,6 +218,8 @@ KV_DEVICE uint8_t kv_quantize_nvfp4_tile(const float r[16], uint32_t out[2]) {
         out[h] = kv_hw_byte_perm_sx(b[0], b[1], 0x5410u);
     }
 #else
+    float scale, y;
+    kv_nvfp4_scale(code, &scale, &y);
     uint8_t q[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
