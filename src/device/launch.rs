@@ -524,9 +524,10 @@ fn compress_cr2_kernel(compress_ratio: u32, shape: Cr2Shape) -> Kernel {
 }
 
 /// Shape of a tile-major insert of `n` tokens by `kernel` in blocks of `g`'s
-/// size. NVFP4's map runs in runs of 8 tokens over 256 threads
-/// (`kv_tile_of_thread_runs`, kernels-hip/kv_insert.hip), so its grid counts
-/// runs; the BF16 and FP8 rows keep a block's G tokens (`kv_tile_of_thread`).
+/// size. NVFP4's kernel maps threads to tiles in runs of 8 tokens over 256
+/// threads (`kv_tile_of_thread_runs`, kernels-hip/kv_insert.hip), so its grid
+/// counts runs; the BF16 and FP8 rows keep `g` (a block's G tokens,
+/// `kv_tile_of_thread`).
 pub fn tiles_geometry(kernel: Kernel, g: Geometry, n: u64) -> Geometry {
     if kernel != Kernel::InsertNvfp4Tiles {
         return g;
