@@ -363,7 +363,8 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         } else {
             // The page and row computed above: through kv_store_nvfp4_tile
             // ptxas schedules every fused NVFP4 kernel differently, and the
-            // fused CR2 rows measured 1-2.4 % slower (docs/tuning.md).
+            // fused CR2 rows measured 1-2.4 % slower (docs/tuning.md, "One store
+            // helper for every NVFP4 writer").
             kv_u32x2 w;
             w.x = q[0];
             w.y = q[1];
