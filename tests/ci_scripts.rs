@@ -252,6 +252,139 @@ fn bench_compare_script_makes_the_table() {
     );
 }
 
+/// A stub build for `scripts/bench_builds.sh`: a shell script that appends
+/// its name to `order` and writes a bench JSON whose insert row takes `us`
+/// (its first run `first_us`) and whose fused row takes `fused_us`.
+fn stub_build(dir: &Path, name: &str, first_us: f64, us: f64, fused_us: f64) -> std::path::PathBuf {
+    let path = dir.join(format!("stub-{name}"));
+    let script = format!(
+        r#"#!/usr/bin/env bash
+[ "$1" = bench ] || exit 2
+out=""
+while [ $# -gt 0 ]; do [ "$1" = --out ] && out="$2"; shift; done
+echo {name} >> "{dir}/order"
+us={us}; [ "$(grep -c {name} "{dir}/order")" = 1 ] && us={first_us}
+cat > "$out" <<JSON
+{{"roofline_bytes_per_s": 4.2e12, "rows": [
+  {{"op": "insert fp8", "tokens": 16, "us_per_launch": 2.0, "fraction_of_roofline": 0.01}},
+  {{"op": "insert fp8", "tokens": 65536, "us_per_launch": $us, "fraction_of_roofline": 0.8}}],
+ "fused": [{{"case": "CR1", "layout": "fp8", "tokens": 16, "fused_us": {fused_us}}}]}}
+JSON
+"#,
+        dir = dir.display()
+    );
+    std::fs::write(&path, script).expect("write stub");
+    let status = std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&path)
+        .status();
+    assert!(status.map(|s| s.success()).unwrap_or(false), "chmod");
+    path
+}
+
+/// `scripts/bench_builds.sh` runs the builds interleaved, the order reversed
+/// in every other round, and `scripts/bench_builds.py` makes the table:
+/// best round per build, the change against the base, the noise (the
+/// largest spread of one build's rounds), bold and SLOWER beyond it, and
+/// exit status 1 with `--fail-slower`.
+#[test]
+fn bench_builds_scripts_interleave_and_compare() {
+    let dir = std::env::temp_dir().join(format!("dsv4-bench-builds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    // old: 31.0 µs at 65536 tokens, its first round 31.31 (1 % noise);
+    // new: 32.0 µs (3.2 % slower, beyond the noise), fused 1.00 vs 1.005.
+    let old = stub_build(&dir, "old", 31.31, 31.0, 1.0);
+    let new = stub_build(&dir, "new", 32.0, 32.0, 1.005);
+    let out = dir.join("runs");
+    let run = std::process::Command::new("bash")
+        .arg(root().join("scripts/bench_builds.sh"))
+        .arg(&out)
+        .arg("3")
+        .arg(format!("old={}", old.display()))
+        .arg(format!("new={}", new.display()))
+        .args(["--", "--backend", "cuda", "--only", "insert"])
+        .output();
+    let run = match run {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("*** SKIPPED bench_builds_scripts_interleave_and_compare: bash not runnable: {e} ***");
+            return;
+        }
+    };
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let order = std::fs::read_to_string(dir.join("order")).expect("order");
+    assert_eq!(
+        order.split_whitespace().collect::<Vec<_>>(),
+        ["old", "new", "new", "old", "old", "new"]
+    );
+    for r in 1..=3 {
+        for b in ["old", "new"] {
+            assert!(
+                out.join(format!("b{r}-{b}.json")).is_file(),
+                "b{r}-{b}.json"
+            );
+        }
+    }
+    let compare = |extra: &[&str]| {
+        std::process::Command::new("python3")
+            .arg(root().join("scripts/bench_builds.py"))
+            .arg(&out)
+            .args(extra)
+            .output()
+    };
+    let table = match compare(&["--base", "old"]) {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            eprintln!("*** SKIPPED bench_builds_scripts_interleave_and_compare: python3 not runnable: {e} ***");
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(
+        table.status.success(),
+        "{}",
+        String::from_utf8_lossy(&table.stderr)
+    );
+    // Columns in sort order (new, old); old is the base.
+    assert!(
+        text.contains("| op | T | new µs | old µs | noise |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| insert fp8 | 16 | 2.00, +0.0 % | 2.00 | 0.0 % |"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "| insert fp8 | 65536 | 32.00 (80.0 %), **+3.2 %** | 31.00 (80.0 %) | 1.0 % |"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("| fused CR1 fp8 | 16 | 1.00, **+0.5 %** | 1.00 | 0.0 % |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("SLOWER: new insert fp8 T = 65536: +3.2 % (noise 1.0 %)"),
+        "{text}"
+    );
+    let failing = compare(&["--base", "old", "--fail-slower"]).expect("python3 ran before");
+    assert_eq!(
+        failing.status.code(),
+        Some(1),
+        "--fail-slower with a slower row"
+    );
+    let other_way = compare(&["--base", "new", "--fail-slower"]).expect("python3 ran before");
+    assert_eq!(other_way.status.code(), Some(0), "nothing slower than new");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `scripts/gpu-check.sh` (the CUDA-side checks on an NVIDIA machine) names
 /// only existing test targets and subcommands.
 #[test]
