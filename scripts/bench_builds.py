@@ -68,6 +68,9 @@ def table(builds, base):
             for k in s:
                 if k not in keys:
                     keys.append(k)
+    largest = {}  # (kind, op) -> its largest T, where the % of the roofline is shown
+    for kind, op, t in keys:
+        largest[(kind, op)] = max(t, largest.get((kind, op), t))
     lines = []
     head = "| op | T | " + " | ".join(f"{n} µs" for n in names) + " | noise |"
     lines.append(head)
@@ -89,7 +92,7 @@ def table(builds, base):
                 continue
             us, frac = best[n]
             cell = f"{us:.2f}"
-            if frac is not None and key[2] == max(k[2] for k in keys if k[:2] == key[:2]):
+            if frac is not None and key[2] == largest[key[:2]]:
                 cell += f" ({100 * frac:.1f} %)"
             if n != base and base in best:
                 change = us / best[base][0] - 1.0
