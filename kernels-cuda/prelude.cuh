@@ -42,6 +42,11 @@
 #else
 #define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n, 6)
 #endif
+// Eight blocks per SM, at most 32 registers: the tile-major FP8 rows and
+// NVFP4 inserts, which wait on their loads or their issue at 48 warps
+// (docs/tuning.md, Occupancy caps) and, encoding pair by pair, fit 32
+// registers without spilling: 64 warps per SM.
+#define KV_LAUNCH_BOUNDS_8(n) __launch_bounds__(n, 8)
 // Four blocks per SM, at most 64 registers: the long-chunk CR2 kernel,
 // whose lone groups pool by halves to fit.
 #define KV_LAUNCH_BOUNDS_4(n) __launch_bounds__(n, 4)

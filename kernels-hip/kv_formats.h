@@ -77,6 +77,18 @@ KV_DEVICE uint8_t kv_e4m3_from_f32(float x) {
     return (uint8_t)(sign | (uint8_t)((((uint32_t)exp) << 3) + keep + up));
 }
 
+// e4m3 codes of two non-NaN values, lo's in bits 0..7 and hi's in 8..15:
+// the prelude's hardware pair conversion where it has one (held to
+// kv_e4m3_from_f32 as kv_e4m3_words_from_f32_x16, below, says), else
+// kv_e4m3_from_f32 twice.
+KV_DEVICE uint32_t kv_e4m3x2_from_f32_nonnan(float lo, float hi) {
+#if defined(KV_HW_E4M3X2)
+    return (uint32_t)kv_hw_e4m3x2(lo, hi);
+#else
+    return (uint32_t)kv_e4m3_from_f32(lo) | ((uint32_t)kv_e4m3_from_f32(hi) << 8);
+#endif
+}
+
 // e4m3 codes of 16 non-NaN values, as four little-endian words (code j in
 // byte j % 4 of word j / 4, the order they are stored in). A prelude may
 // supply a hardware pair conversion (KV_HW_E4M3X2) that rounds and
@@ -255,6 +267,18 @@ KV_DEVICE uint32_t kv_bf16x2_from_f32(float lo, float hi) {
     return kv_hw_bf16x2(lo, hi);
 #else
     return (uint32_t)kv_bf16_from_f32(lo) | ((uint32_t)kv_bf16_from_f32(hi) << 16);
+#endif
+}
+
+// kv_bf16x2_from_f32 of two values that are BF16 numbers or NaNs (nothing
+// to round): the prelude's hardware pair conversion where it has one, else
+// their top halves with every NaN made 0x7FFF (kv_bf16x2_canonical), a few
+// integer operations instead of two roundings.
+KV_DEVICE uint32_t kv_bf16x2_of_bf16_numbers(float lo, float hi) {
+#if defined(KV_HW_BF16X2)
+    return kv_hw_bf16x2(lo, hi);
+#else
+    return kv_bf16x2_canonical(kv_pack_hi16(kv_f2u(lo), kv_f2u(hi)));
 #endif
 }
 

@@ -52,14 +52,14 @@ KV_DEVICE void kv_tile_of_thread_runs(uint32_t flags, int64_t* t, unsigned* tile
     *t = (int64_t)((i >> 8) << 3) + tok;
 }
 
-#define KV_INSERT_KERNEL(name, LAYOUT)                                              \
-    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
+#define KV_INSERT_KERNEL(name, LAYOUT, BOUNDS)                                      \
+    KV_KERNEL BOUNDS(KV_BLOCK_THREADS) void name(const KvInsertParams p) {          \
         int64_t t = kv_group(p.flags);                                              \
         if (t < p.n) kv_insert_token<LAYOUT, false>(p, t, kv_lane());               \
     }
 
-#define KV_INSERT_TILES_KERNEL(name, LAYOUT)                                        \
-    KV_KERNEL KV_LAUNCH_BOUNDS_6(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
+#define KV_INSERT_TILES_KERNEL(name, LAYOUT, BOUNDS)                                \
+    KV_KERNEL BOUNDS(KV_BLOCK_THREADS) void name(const KvInsertParams p) {          \
         int64_t t;                                                                  \
         unsigned tile;                                                              \
         if (LAYOUT == KV_LAYOUT_NVFP4)                                              \
@@ -69,11 +69,11 @@ KV_DEVICE void kv_tile_of_thread_runs(uint32_t flags, int64_t* t, unsigned* tile
         if (t < p.n) kv_insert_token<LAYOUT, true>(p, t, tile);                     \
     }
 
-KV_INSERT_KERNEL(kv_insert_v4, KV_LAYOUT_V4)
-KV_INSERT_KERNEL(kv_insert_mxfp8, KV_LAYOUT_MXFP8)
-KV_INSERT_KERNEL(kv_insert_nvfp4, KV_LAYOUT_NVFP4)
-KV_INSERT_KERNEL(kv_insert_bf16, KV_LAYOUT_BF16)
-KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8)
+KV_INSERT_KERNEL(kv_insert_v4, KV_LAYOUT_V4, KV_LAUNCH_BOUNDS_6)
+KV_INSERT_KERNEL(kv_insert_mxfp8, KV_LAYOUT_MXFP8, KV_LAUNCH_BOUNDS_6)
+KV_INSERT_KERNEL(kv_insert_nvfp4, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS_6)
+KV_INSERT_KERNEL(kv_insert_bf16, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS_6)
+KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_6)
 
 // The host runs these for CR1 launches above 2048 tokens (src/device/launch.rs,
 // insert_uses_tiles), and only for CR1: they skip the compress-ratio test.
@@ -83,10 +83,12 @@ KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8)
 // is written (a token per group: a skipped token's warp simply ends). V4
 // gathers its RoPE pairs across a group's lanes and MXFP8 shares a scale
 // between two lanes (a shuffle, which every lane of a warp must join): both
-// keep a token per group always.
-KV_INSERT_TILES_KERNEL(kv_insert_nvfp4_tiles, KV_LAYOUT_NVFP4)
-KV_INSERT_TILES_KERNEL(kv_insert_bf16_tiles, KV_LAYOUT_BF16)
-KV_INSERT_TILES_KERNEL(kv_insert_fp8_tiles, KV_LAYOUT_FP8)
+// keep a token per group always. NVFP4 and FP8 rows run at 32 registers (64
+// warps an SM); BF16 rows at 40, as they were 6-10 % slower at 32 from 8192
+// tokens on (docs/tuning.md, Occupancy caps).
+KV_INSERT_TILES_KERNEL(kv_insert_nvfp4_tiles, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS_8)
+KV_INSERT_TILES_KERNEL(kv_insert_bf16_tiles, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS_6)
+KV_INSERT_TILES_KERNEL(kv_insert_fp8_tiles, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_8)
 
 // The generic inserts (an F16 cos/sin table): a token per group, as
 // kv_compress_cr1_wide says.

@@ -214,3 +214,18 @@ KV_DEVICE void kv_rope_nope_pair(float e, float o, float* re, float* ro) {
     *re = kv_fmaf(o, -0.0f, e);
     *ro = kv_fmaf(e, 0.0f, o);
 }
+
+// The NoPE rotation of the BF16 pair w (even dim low) as a BF16 pair, where
+// a NaN may come out as any NaN: on the pair (kv_rope_nope_pair_bf16x2)
+// where the prelude has BF16 arithmetic, else in f32, whose results are
+// BF16 numbers (tests/formats_exhaustive.rs proves it on every pair), so
+// their top halves are exact.
+KV_DEVICE uint32_t kv_rope_nope_pair_bf16x2_any_nan(uint32_t w) {
+#if defined(KV_E2M1_BF16X2)
+    return kv_rope_nope_pair_bf16x2(w);
+#else
+    float re, ro;
+    kv_rope_nope_pair(kv_u2f(w << 16), kv_u2f(w & 0xffff0000u), &re, &ro);
+    return kv_pack_hi16(kv_f2u(re), kv_f2u(ro));
+#endif
+}

@@ -7,16 +7,15 @@
 
 // ---- rope_quant_insert: one token's record ---------------------------------
 
-// cos and sin of RoPE pairs 224 + 8 (k - 28) .. + 8, for RoPE tile k, from
-// row `base`. WIDE: the generic kernels, which also read an F16 table.
-template <bool WIDE = false>
-KV_DEVICE void kv_load_cos_sin8(const KvInsertParams& p, int64_t base, unsigned k, float c[8], float s[8]) {
-    int64_t k0 = 8 * (int64_t)(k - 28u);
+// cos and sin of the N RoPE pairs 224 + k0 .. 224 + k0 + N from row `base`.
+// WIDE: the generic kernels, which also read an F16 table.
+template <int N, bool WIDE = false>
+KV_DEVICE void kv_load_cos_sin(const KvInsertParams& p, int64_t base, int64_t k0, float c[N], float s[N]) {
     if constexpr (WIDE) {
         if (p.flags & KV_F_COS_F16) {
             const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < N; ++j) {
                 c[j] = kv_f16_to_f32(row[k0 + j]);
                 s[j] = kv_f16_to_f32(row[32 + k0 + j]);
             }
@@ -26,18 +25,24 @@ KV_DEVICE void kv_load_cos_sin8(const KvInsertParams& p, int64_t base, unsigned 
     if (p.flags & KV_F_COS_BF16) {
         const uint16_t* row = (const uint16_t*)p.cos_sin + base * p.cos_row_stride;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < N; ++j) {
             c[j] = kv_bf16_to_f32(row[k0 + j]);
             s[j] = kv_bf16_to_f32(row[32 + k0 + j]);
         }
     } else {
         const float* row = (const float*)p.cos_sin + base * p.cos_row_stride;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < N; ++j) {
             c[j] = row[k0 + j];
             s[j] = row[32 + k0 + j];
         }
     }
+}
+
+// cos and sin of RoPE tile k's pairs 224 + 8 (k - 28) .. + 8.
+template <bool WIDE = false>
+KV_DEVICE void kv_load_cos_sin8(const KvInsertParams& p, int64_t base, unsigned k, float c[8], float s[8]) {
+    kv_load_cos_sin<8, WIDE>(p, base, 8 * (int64_t)(k - 28u), c, s);
 }
 
 // The rotated 16 dims of tile k (dims 16 k .. 16 k + 16) from the latent's
@@ -60,7 +65,16 @@ KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, co
                 kv_rope_nope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), &r[2 * j], &r[2 * j + 1]);
             return;
         }
-        kv_load_cos_sin8<WIDE>(p, base, k, c, s);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            kv_load_cos_sin<4, WIDE>(p, base, 8 * (int64_t)(k - 28u) + 4 * half, c, s);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                int i = 4 * half + j;
+                kv_rope_pair(kv_bf16_to_f32(h[2 * i]), kv_bf16_to_f32(h[2 * i + 1]), c[j], s[j], &r[2 * i], &r[2 * i + 1]);
+            }
+        }
+        return;
     } else if (k >= 28u) {
         kv_load_cos_sin8<WIDE>(p, base, k, c, s);
     } else {
@@ -73,6 +87,61 @@ KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, co
 #pragma unroll
     for (int j = 0; j < 8; ++j)
         kv_rope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), c[j], s[j], &r[2 * j], &r[2 * j + 1]);
+}
+
+// Tile k of a row layout (BF16 or FP8 rows, the tile-major inserts) rotated
+// and rounded to BF16, pair j in w[j] (even dim low): what BF16 rows store
+// and FP8 rows scale. The RoPE pairs load their cos/sin four at a time; the
+// NoPE pairs' rotation by (1, 0) gives BF16 numbers, so they need no
+// rounding, only the canonical NaN (kv_bf16x2_of_bf16_numbers), and not
+// even that with ANY_NAN (FP8 rows, whose encoder maps every NaN to 448).
+// At most 8 words and 4 cos/sin pairs are live, so that the FP8 rows' kernel
+// fits 32 registers (KV_LAUNCH_BOUNDS_8).
+template <bool ANY_NAN>
+KV_DEVICE void kv_rotate16_bf16x2(const KvInsertParams& p, int64_t base, unsigned k, const uint16_t h[16],
+                                  uint32_t w[8]) {
+    if (k < 28u) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            uint32_t pair = (uint32_t)h[2 * j] | ((uint32_t)h[2 * j + 1] << 16);
+            if (ANY_NAN) {
+                w[j] = kv_rope_nope_pair_bf16x2_any_nan(pair);
+            } else {
+                float re, ro;
+                kv_rope_nope_pair(kv_u2f(pair << 16), kv_u2f(pair & 0xffff0000u), &re, &ro);
+                w[j] = kv_bf16x2_of_bf16_numbers(re, ro);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        float c[4], s[4];
+        kv_load_cos_sin<4>(p, base, 8 * (int64_t)(k - 28u) + 4 * half, c, s);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int i = 4 * half + j;
+            float re, ro;
+            kv_rope_pair(kv_bf16_to_f32(h[2 * i]), kv_bf16_to_f32(h[2 * i + 1]), c[j], s[j], &re, &ro);
+            w[i] = kv_bf16x2_from_f32(re, ro);
+        }
+    }
+}
+
+// FP8 rows' codes of 16 BF16 values (pairs in w, even dim low) under the
+// per-tensor scale: e4m3 of each value times its reciprocal, every NaN
+// product 448 (kv_e4m3_nan_to_max), as four little-endian words.
+KV_DEVICE void kv_fp8_row_codes(const uint32_t w[8], float fp8_scale, uint32_t q[4]) {
+    float inv = kv_divf(1.0f, fp8_scale);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        uint32_t a = w[2 * j], b = w[2 * j + 1];
+        q[j] = kv_e4m3x2_from_f32_nonnan(kv_e4m3_nan_to_max(kv_u2f(a << 16) * inv),
+                                         kv_e4m3_nan_to_max(kv_u2f(a & 0xffff0000u) * inv)) |
+               (kv_e4m3x2_from_f32_nonnan(kv_e4m3_nan_to_max(kv_u2f(b << 16) * inv),
+                                          kv_e4m3_nan_to_max(kv_u2f(b & 0xffff0000u) * inv))
+                << 16);
+    }
 }
 
 // cos and sin of RoPE pair 224 + k from row `base` (k < 32); WIDE as in
@@ -297,6 +366,22 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         return;
     }
 #endif
+    if ((LAYOUT == KV_LAYOUT_BF16 || LAYOUT == KV_LAYOUT_FP8) && TILES) {
+        uint32_t w[8];
+        kv_rotate16_bf16x2<LAYOUT == KV_LAYOUT_FP8>(p, base, tile, h, w);
+        int64_t row;
+        int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
+        uint8_t* dst = p.cache + block * p.block_stride + row * p.row_stride;
+        if (LAYOUT == KV_LAYOUT_BF16) {
+            kv_store16w(dst + 32 * tile, w);
+            kv_store16w(dst + 32 * tile + 16, w + 4);
+        } else {
+            uint32_t q[4];
+            kv_fp8_row_codes(w, fp8_scale, q);
+            kv_store16w(dst + 16 * tile, q);
+        }
+        return;
+    }
     // V4's RoPE pair first, while the latent is still packed: the fused CR2
     // kernels sit at their register limit.
     uint32_t v4_pair = LAYOUT != KV_LAYOUT_V4 ? 0u : PAIR_LOADED ? pair : kv_gather_rope_pair(h, tile);

@@ -93,6 +93,7 @@ KV_DEVICE void kv_store_16_evict_first(void* p, uint32_t x, uint32_t y, uint32_t
 #define KV_LAUNCH_BOUNDS_4(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_5(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_6(n) KV_LAUNCH_BOUNDS(n)
+#define KV_LAUNCH_BOUNDS_8(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_9(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_10(n) KV_LAUNCH_BOUNDS(n)
 #define KV_LAUNCH_BOUNDS_16(n) KV_LAUNCH_BOUNDS(n)

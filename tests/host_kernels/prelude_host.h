@@ -21,6 +21,7 @@
 #define KV_LAUNCH_BOUNDS_4(n)
 #define KV_LAUNCH_BOUNDS_5(n)
 #define KV_LAUNCH_BOUNDS_6(n)
+#define KV_LAUNCH_BOUNDS_8(n)
 #define KV_LAUNCH_BOUNDS_9(n)
 #define KV_LAUNCH_BOUNDS_10(n)
 #define KV_LAUNCH_BOUNDS_16(n)
