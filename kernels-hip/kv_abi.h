@@ -216,6 +216,8 @@ struct KvGatherParams {
     X(kv_insert_nvfp4_tiles, KvInsertParams)           \
     X(kv_insert_bf16_tiles, KvInsertParams)            \
     X(kv_insert_fp8_tiles, KvInsertParams)             \
+    X(kv_insert_v4_large, KvInsertParams)              \
+    X(kv_insert_mxfp8_large, KvInsertParams)           \
     X(kv_fused_cr1_v4, KvFusedParams)                  \
     X(kv_fused_cr1_mxfp8, KvFusedParams)               \
     X(kv_fused_cr1_nvfp4, KvFusedParams)               \

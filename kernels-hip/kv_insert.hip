@@ -2,7 +2,7 @@
 // All entry points: KV_KERNELS in kv_abi.h.
 #include "kv_record.h"
 
-template <int LAYOUT, bool TILES, bool WIDE = false>
+template <int LAYOUT, bool TILES, bool WIDE = false, bool TIGHT = false>
 KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile) {
     // The latent row is loaded with the indices (t < n, so it exists). ptxas
     // still issues it after the checks on sm_90; pinning it there cost more
@@ -19,7 +19,7 @@ KV_DEVICE void kv_insert_token(const KvInsertParams& p, int64_t t, unsigned tile
     int64_t pos = kv_load_index(p.positions, (p.flags & KV_F_POS_I64) != 0u, t);
     int64_t base;
     if (!kv_insert_check<TILES>(p, slot, pos, tile, &base)) return;
-    kv_write_record<LAYOUT, TILES, LAYOUT == KV_LAYOUT_V4, WIDE>(p, slot, base, tile, h, fp8_scale, pair);
+    kv_write_record<LAYOUT, TILES, LAYOUT == KV_LAYOUT_V4, WIDE, TIGHT>(p, slot, base, tile, h, fp8_scale, pair);
 }
 
 // Tile-major: a block's G tokens (G = its groups) as 28 G NoPE tiles, token
@@ -74,6 +74,21 @@ KV_INSERT_KERNEL(kv_insert_mxfp8, KV_LAYOUT_MXFP8, KV_LAUNCH_BOUNDS_6)
 KV_INSERT_KERNEL(kv_insert_nvfp4, KV_LAYOUT_NVFP4, KV_LAUNCH_BOUNDS_6)
 KV_INSERT_KERNEL(kv_insert_bf16, KV_LAYOUT_BF16, KV_LAUNCH_BOUNDS_6)
 KV_INSERT_KERNEL(kv_insert_fp8, KV_LAYOUT_FP8, KV_LAUNCH_BOUNDS_6)
+
+// The token-per-group V4 and MXFP8 inserts at 32 registers (64 warps an SM),
+// for launches of more than LARGE_INSERT_TOKENS (src/device/launch.rs,
+// insert_uses_large): the work ordered to fit (kv_write_record's TIGHT).
+// At 65,536 tokens on the H200 they take 12.6 and 6.9 % less time than the
+// kernels above, but up to 16,384 tokens they are no faster, V4 up to 3.7 %
+// slower (docs/tuning.md, Occupancy caps).
+#define KV_INSERT_LARGE_KERNEL(name, LAYOUT)                                        \
+    KV_KERNEL KV_LAUNCH_BOUNDS_8(KV_BLOCK_THREADS) void name(const KvInsertParams p) { \
+        int64_t t = kv_group(p.flags);                                              \
+        if (t < p.n) kv_insert_token<LAYOUT, false, false, true>(p, t, kv_lane());  \
+    }
+
+KV_INSERT_LARGE_KERNEL(kv_insert_v4_large, KV_LAYOUT_V4)
+KV_INSERT_LARGE_KERNEL(kv_insert_mxfp8_large, KV_LAYOUT_MXFP8)
 
 // The host runs these for CR1 launches above 2048 tokens (src/device/launch.rs,
 // insert_uses_tiles), and only for CR1: they skip the compress-ratio test.

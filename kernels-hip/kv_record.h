@@ -54,10 +54,32 @@ KV_DEVICE void kv_load_cos_sin8(const KvInsertParams& p, int64_t base, unsigned 
 // bits are widened inside each path (those kernels sit at their register
 // limit). Otherwise (a token per group: lanes 28..31 of every warp rotate)
 // both kinds run the one sequence, NoPE lanes with constant (1, 0); two
-// paths would cost such a warp both.
-template <bool TILES, bool WIDE = false>
+// paths would cost such a warp both. TIGHT (the 32-register inserts): the
+// cos/sin by halves, four pairs live instead of eight.
+template <bool TILES, bool WIDE = false, bool TIGHT = false>
 KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, const uint16_t h[16], float r[16]) {
     float c[8], s[8];
+    if (TIGHT && !TILES) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            if (k >= 28u) {
+                kv_load_cos_sin<4, WIDE>(p, base, 8 * (int64_t)(k - 28u) + 4 * half, c, s);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    c[j] = 1.0f;
+                    s[j] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                int i = 4 * half + j;
+                kv_rope_pair(kv_bf16_to_f32(h[2 * i]), kv_bf16_to_f32(h[2 * i + 1]), c[j], s[j], &r[2 * i],
+                             &r[2 * i + 1]);
+            }
+        }
+        return;
+    }
     if (TILES) {
         if (k < 28u) {
 #pragma unroll
@@ -332,6 +354,19 @@ KV_DEVICE bool kv_insert_check(const KvInsertParams& p, int64_t slot, int64_t po
     return true;
 }
 
+// V4's RoPE word of lane `tile`: its pair (dims 448 + 2 tile, 449 + 2 tile,
+// BF16 bits, even dim low) rotated with cos/sin row `base`, as BF16.
+template <bool WIDE>
+KV_DEVICE uint32_t kv_v4_rope_word(const KvInsertParams& p, int64_t base, unsigned tile, uint32_t pair,
+                                   bool sanitize) {
+    float c, sn;
+    kv_cos_sin_at<WIDE>(p, base, tile, &c, &sn);
+    float re, ro;
+    kv_rope_pair(kv_bf16_to_f32((uint16_t)(pair & 0xffffu)), kv_bf16_to_f32((uint16_t)(pair >> 16)), c, sn, &re,
+                 &ro);
+    return kv_bf16x2_from_f32(kv_sanitized(re, sanitize), kv_sanitized(ro, sanitize));
+}
+
 // Stores an NVFP4 tile's 8 bytes and its scale byte into slot's record.
 KV_DEVICE void kv_store_nvfp4_tile(const KvInsertParams& p, int64_t slot, unsigned tile, const uint32_t q[2],
                                    uint8_t sb) {
@@ -352,8 +387,13 @@ KV_DEVICE void kv_store_nvfp4_tile(const KvInsertParams& p, int64_t slot, unsign
 // per-tensor scale the caller loaded with its first reads. PAIR_LOADED (V4
 // inserts, whose latent is in memory): `pair` is the lane's RoPE pair,
 // loaded with the latent, instead of gathered from the other lanes. WIDE:
-// the generic kernels' table types (kv_load_cos_sin8).
-template <int LAYOUT, bool TILES, bool PAIR_LOADED = false, bool WIDE = false>
+// the generic kernels' table types (kv_load_cos_sin8). TIGHT: the
+// 32-register inserts of large launches (kv_insert_v4_large,
+// kv_insert_mxfp8_large), which order the work to fit: the rotation's
+// cos/sin by halves, V4's RoPE pair before its FP8 part, MXFP8's page after
+// its codes. Every other writer keeps the order measured fastest at its
+// own register cap (docs/tuning.md, Occupancy caps).
+template <int LAYOUT, bool TILES, bool PAIR_LOADED = false, bool WIDE = false, bool TIGHT = false>
 KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t base, unsigned tile,
                                const uint16_t h[16], float fp8_scale, uint32_t pair = 0u) {
     const bool sanitize = (p.flags & KV_F_SANITIZE) != 0u;
@@ -390,7 +430,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
 #pragma unroll
         for (int j = 0; j < 16; ++j) x[j] = kv_bf16_to_f32(h[j]);
     } else {
-        kv_rotate16<TILES, WIDE>(p, base, tile, h, r);  // V4 rotates by pairs below
+        kv_rotate16<TILES, WIDE, TIGHT>(p, base, tile, h, r);  // V4 rotates by pairs below
     }
     int64_t row;
     int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
@@ -399,6 +439,11 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
     if (LAYOUT == KV_LAYOUT_V4) {
         uint8_t* values = page + row * 576;
         uint8_t* scales = page + p.block_size * 576 + row * 8;
+        // RoPE part: one GPT-J pair per lane (pair 224 + lane, dims
+        // 448 + 2 lane and 449 + 2 lane), gathered from lanes 28..31, which
+        // hold those dims, or loaded (PAIR_LOADED); one lane rotating 16 dims
+        // while the others waited was most of this kernel's time.
+        uint32_t out = TIGHT ? kv_v4_rope_word<WIDE>(p, base, tile, v4_pair, sanitize) : 0u;
         // NoPE: the unrotated latent, blocks of 64 dims = 4 lanes. Every lane
         // joins the shuffles; lanes 0..27 write the FP8 part.
         uint32_t q[4];
@@ -409,17 +454,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         } else if (tile == 28u) {
             scales[7] = 0;
         }
-        // RoPE part: one GPT-J pair per lane (pair 224 + lane, dims
-        // 448 + 2 lane and 449 + 2 lane), gathered from lanes 28..31, which
-        // hold those dims, or loaded (PAIR_LOADED); one lane rotating 16 dims
-        // while the others waited was most of this kernel's time.
-        uint32_t rope = v4_pair;
-        float c, sn;
-        kv_cos_sin_at<WIDE>(p, base, tile, &c, &sn);
-        float re, ro;
-        kv_rope_pair(kv_bf16_to_f32((uint16_t)(rope & 0xffffu)), kv_bf16_to_f32((uint16_t)(rope >> 16)), c, sn,
-                     &re, &ro);
-        uint32_t out = kv_bf16x2_from_f32(kv_sanitized(re, sanitize), kv_sanitized(ro, sanitize));
+        if (!TIGHT) out = kv_v4_rope_word<WIDE>(p, base, tile, v4_pair, sanitize);
         *(uint32_t*)(values + 448 + 4 * tile) = out;
     } else if (LAYOUT == KV_LAYOUT_MXFP8) {
         uint8_t* values = page + row * 512;
@@ -432,6 +467,12 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         }
         uint32_t q[4];
         uint8_t sb = kv_quantize_fp8_part(r, 2, sanitize, q);
+        if (TIGHT) {
+            block = kv_page_row(slot, p.block_size, p.block_shift, &row);
+            page = p.cache + block * p.block_stride;
+            values = page + row * 512;
+            scales = page + p.block_size * 512 + row * 16;
+        }
         kv_store16w(values + 16 * tile, q);
         if ((tile & 1u) == 0u) scales[tile / 2u] = sb;
     } else if (LAYOUT == KV_LAYOUT_NVFP4) {

@@ -136,12 +136,14 @@ fn check_against_reference(defines: &[&str]) {
             .into_iter()
             .filter(|c| c.kind.op == Op::RopeQuantInsert),
     );
-    // The default policy, tile-major forced on and off, and each block size.
+    // The default policy, tile-major forced on and off, and each block size;
+    // the large-launch kernels (V4, MXFP8) forced on with the token-per-group ones.
     let mut policies = vec![LaunchPolicy::default()];
     for tiles in [false, true] {
         for gpb in [2u32, 4, 8] {
             policies.push(LaunchPolicy {
                 insert_tiles: Some(tiles),
+                insert_large: Some(!tiles),
                 groups_per_block: Some(gpb),
                 ..LaunchPolicy::default()
             });
@@ -182,9 +184,9 @@ fn check_against_reference(defines: &[&str]) {
     let _ = std::fs::remove_file(&exe);
     assert_eq!(bad, 0, "{bad} of {runs} runs differ");
     // Every insert kernel ran: a token per group for each layout, the
-    // tile-major kernels of the layouts that have one, and each layout's
-    // generic kernel (F16 tables).
-    assert_eq!(kernels.len(), 13, "kernels run: {kernels:?}");
+    // tile-major and large-launch kernels of the layouts that have one, and
+    // each layout's generic kernel (F16 tables).
+    assert_eq!(kernels.len(), 15, "kernels run: {kernels:?}");
     println!(
         "insert host kernels: {} cases, {runs} runs, 0 mismatching ({kernels:?})",
         cases.len()

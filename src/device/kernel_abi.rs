@@ -94,6 +94,17 @@ pub fn insert_tiles_kernel(layout: RecordLayout) -> Option<Kernel> {
     }
 }
 
+/// The 32-register token-per-group insert kernel of a layout for large
+/// launches, where it has one (V4 and MXFP8: `KV_INSERT_LARGE_KERNEL` in
+/// kernels-hip/kv_insert.hip; [`crate::launch::LaunchPolicy::insert_uses_large`]).
+pub fn insert_large_kernel(layout: RecordLayout) -> Option<Kernel> {
+    match layout {
+        RecordLayout::V4 => Some(Kernel::InsertV4Large),
+        RecordLayout::Mxfp8 => Some(Kernel::InsertMxfp8Large),
+        RecordLayout::Nvfp4 | RecordLayout::Bf16Rows | RecordLayout::Fp8Rows => None,
+    }
+}
+
 /// The fused kernel for a compress ratio and layout (one group per item).
 pub fn fused_kernel(compress_ratio: u32, layout: RecordLayout) -> Kernel {
     use Kernel::*;
@@ -623,6 +634,9 @@ mod tests {
             if let Some(k) = insert_tiles_kernel(l) {
                 named(k, format!("{}_tiles", insert_kernel(l).name()));
             }
+            if let Some(k) = insert_large_kernel(l) {
+                named(k, format!("{}_large", insert_kernel(l).name()));
+            }
             named(insert_wide_kernel(l), format!("kv_insert_{suffix}_wide"));
             named(
                 fused_wide_kernel(1, l),
@@ -652,7 +666,7 @@ mod tests {
                 assert_eq!(k.param_block(), block, "{k:?}");
             }
         }
-        assert_eq!(Kernel::ALL.len(), 98);
+        assert_eq!(Kernel::ALL.len(), 100);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(k.index(), i);
             assert!(k.name().starts_with("kv_"));

@@ -14,8 +14,9 @@ use crate::error::{Error, Result};
 use crate::kernel_abi::{
     compress_kernel, compress_wide_kernel, cos_sin_needs_wide, fused_kernel, fused_long_kernel,
     fused_pair_kernel, fused_team_kernel, fused_team_mtp_kernel, fused_wide_kernel, insert_kernel,
-    insert_tiles_kernel, insert_wide_kernel, weight_needs_wide, Geometry, Kernel, TokenBlocks,
-    BLOCK_THREADS, CR2_PAIR_GROUPS, CR2_POOLED_BYTES, CR2_TEAM_GROUPS, GROUP_LANES,
+    insert_large_kernel, insert_tiles_kernel, insert_wide_kernel, weight_needs_wide, Geometry,
+    Kernel, TokenBlocks, BLOCK_THREADS, CR2_PAIR_GROUPS, CR2_POOLED_BYTES, CR2_TEAM_GROUPS,
+    GROUP_LANES,
 };
 use crate::ops::{CompressPlan, FusedPlan, InsertPlan, RingRowsPlan};
 
@@ -27,6 +28,12 @@ pub const GROUPS_PER_BLOCK: u32 = 4;
 pub const SMALL_GROUPS_PER_BLOCK: u32 = 2;
 /// Launches of at most this many groups use [`SMALL_GROUPS_PER_BLOCK`].
 pub const SMALL_LAUNCH_ITEMS: u64 = 2048;
+/// CR1 inserts of more tokens than this run the 32-register V4 and MXFP8
+/// kernels ([`insert_large_kernel`]): on the H200 (2026-12-05) they take
+/// 12.6 and 6.9 % less time at 65,536 tokens, but V4 is 1.1-3.7 % slower
+/// at 4096-16,384 and MXFP8 1-2.8 % at 16-2048 (docs/tuning.md, Occupancy
+/// caps).
+pub const LARGE_INSERT_TOKENS: u64 = 16384;
 /// Decode batches of mostly one-token requests up to this many items
 /// (requests plus tokens) run in teams of four, larger ones in pairs, which
 /// leave fewer lanes idle while group 0 norms and emits.
@@ -122,6 +129,9 @@ pub struct LaunchPolicy {
     pub cr2_screen: Option<bool>,
     /// Tile-major CR1 inserts (where the layout has a tile-major kernel).
     pub insert_tiles: Option<bool>,
+    /// The 32-register CR1 inserts of large launches (where the layout has
+    /// one: V4, MXFP8).
+    pub insert_large: Option<bool>,
     /// Two rows per group in `gather_dequant` launches (else a row a group:
     /// measured faster at every size, docs/tuning.md).
     pub gather_two_rows: Option<bool>,
@@ -132,13 +142,14 @@ pub struct LaunchPolicy {
 }
 
 /// The override variables [`LaunchPolicy::from_env`] reads.
-pub const POLICY_ENV_VARS: [&str; 6] = [
+pub const POLICY_ENV_VARS: [&str; 7] = [
     "DSV4_KVCACHE_GROUPS_PER_BLOCK",
     "DSV4_KVCACHE_CR2_TEAMS",
     "DSV4_KVCACHE_CR2_SCREEN",
     "DSV4_KVCACHE_INSERT_TILES",
     "DSV4_KVCACHE_GATHER_TWO_ROWS",
     "DSV4_KVCACHE_GATHER_SPLIT_ROWS",
+    "DSV4_KVCACHE_INSERT_LARGE",
 ];
 
 impl LaunchPolicy {
@@ -148,6 +159,7 @@ impl LaunchPolicy {
         cr2_items: None,
         cr2_screen: None,
         insert_tiles: None,
+        insert_large: None,
         gather_two_rows: None,
         gather_split_rows: None,
     };
@@ -156,7 +168,7 @@ impl LaunchPolicy {
     /// cases, labelled with the environment that builds each: the measured
     /// heuristics (CR2 in teams, a token per group for CR1 inserts), lone
     /// groups, pairs, lone groups by halves, screened teams, screened pairs,
-    /// tile-major inserts with gathers of a row per group, and blocks of 8
+    /// tile-major and large-launch inserts with gathers of a row per group, and blocks of 8
     /// groups with tile-major inserts, lone CR2 groups and gathers of two
     /// rows per group (so both gather shapes run at every size).
     pub const MAPPINGS: [(&'static str, LaunchPolicy); 8] = {
@@ -200,9 +212,10 @@ impl LaunchPolicy {
                 },
             ),
             (
-                "DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_GATHER_TWO_ROWS=0 DSV4_KVCACHE_GATHER_SPLIT_ROWS=0",
+                "DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_INSERT_LARGE=1 DSV4_KVCACHE_GATHER_TWO_ROWS=0 DSV4_KVCACHE_GATHER_SPLIT_ROWS=0",
                 LaunchPolicy {
                     insert_tiles: Some(true),
+                    insert_large: Some(true),
                     gather_two_rows: Some(false),
                     gather_split_rows: Some(false),
                     ..m
@@ -257,6 +270,7 @@ impl LaunchPolicy {
             insert_tiles: switch(POLICY_ENV_VARS[3])?,
             gather_two_rows: switch(POLICY_ENV_VARS[4])?,
             gather_split_rows: switch(POLICY_ENV_VARS[5])?,
+            insert_large: switch(POLICY_ENV_VARS[6])?,
         })
     }
 
@@ -369,6 +383,14 @@ impl LaunchPolicy {
         compress_ratio == 1 && self.insert_tiles.unwrap_or(n > SMALL_LAUNCH_ITEMS)
     }
 
+    /// Whether a CR1 insert of `n` tokens that runs a token per group runs
+    /// its layout's 32-register kernel (where it has one): above
+    /// [`LARGE_INSERT_TOKENS`]. Only CR1 was measured; CR2 keeps the
+    /// 40-register kernels, whatever the policy forces.
+    pub fn insert_uses_large(&self, compress_ratio: u32, n: u64) -> bool {
+        compress_ratio == 1 && self.insert_large.unwrap_or(n > LARGE_INSERT_TOKENS)
+    }
+
     /// The launch of an insert plan. An F16 cos/sin table runs the layout's
     /// generic kernel (a token per group), whatever the policy forces.
     pub fn insert_launch(&self, p: &InsertPlan) -> Launch {
@@ -387,7 +409,9 @@ impl LaunchPolicy {
                 geometry: tiles_geometry(kernel, geometry, p.n as u64),
             },
             None => Launch {
-                kernel: insert_kernel(p.cache.layout),
+                kernel: insert_large_kernel(p.cache.layout)
+                    .filter(|_| self.insert_uses_large(p.compress_ratio, p.n as u64))
+                    .unwrap_or_else(|| insert_kernel(p.cache.layout)),
                 geometry,
             },
         }
@@ -641,6 +665,7 @@ mod tests {
             ("DSV4_KVCACHE_INSERT_TILES", "2"),
             ("DSV4_KVCACHE_GATHER_TWO_ROWS", "on"),
             ("DSV4_KVCACHE_GATHER_SPLIT_ROWS", "2"),
+            ("DSV4_KVCACHE_INSERT_LARGE", "yes"),
         ] {
             let r = LaunchPolicy::from_lookup(|k| (k == var).then(|| bad.to_string()));
             assert!(
@@ -679,6 +704,11 @@ mod tests {
                 seen.insert(insert_kernel(l));
                 if pol.insert_uses_tiles(1, 1) {
                     if let Some(k) = insert_tiles_kernel(l) {
+                        seen.insert(k);
+                    }
+                }
+                if pol.insert_uses_large(1, 1) {
+                    if let Some(k) = insert_large_kernel(l) {
                         seen.insert(k);
                     }
                 }
@@ -854,6 +884,53 @@ mod tests {
             RecordLayout::Fp8Rows,
         ] {
             assert!(insert_tiles_kernel(l).is_some());
+        }
+    }
+
+    #[test]
+    fn large_cr1_inserts_run_the_32_register_kernels_where_the_layout_has_them() {
+        // fused_plan's insert: CR2 when it has requests.
+        let plan = |layout, compress_ratio, n: u64| {
+            let reqs = if compress_ratio == 2 { 1 } else { 0 };
+            fused_plan(n as usize, reqs, layout, DType::BF16, DType::F32).insert
+        };
+        let forced = LaunchPolicy {
+            insert_large: Some(true),
+            ..M
+        };
+        for l in RecordLayout::ALL {
+            let large = insert_large_kernel(l);
+            assert_eq!(
+                large.is_some(),
+                matches!(l, RecordLayout::V4 | RecordLayout::Mxfp8)
+            );
+            for (pol, cr, n, want_large) in [
+                (M, 1, LARGE_INSERT_TOKENS, false),
+                (M, 1, LARGE_INSERT_TOKENS + 1, true),
+                (M, 2, 1 << 20, false),
+                (forced, 1, 1, true),
+                (forced, 2, 1, false),
+                (
+                    LaunchPolicy {
+                        insert_large: Some(false),
+                        ..M
+                    },
+                    1,
+                    1 << 20,
+                    false,
+                ),
+            ] {
+                let got = pol.insert_launch(&plan(l, cr, n));
+                let want = match (insert_tiles_kernel(l), pol.insert_uses_tiles(cr, n)) {
+                    (Some(t), true) => t,
+                    _ => large.filter(|_| want_large).unwrap_or(insert_kernel(l)),
+                };
+                assert_eq!(got.kernel, want, "{l:?} cr {cr} n {n}");
+                // Same geometry as the 40-register kernel: a token per group.
+                if Some(got.kernel) == large {
+                    assert_eq!(got.geometry, pol.geometry(n));
+                }
+            }
         }
     }
 
