@@ -511,10 +511,11 @@ impl LaunchPolicy {
             (Cr2Items::Lone, _) => "one group per item",
             (Cr2Items::LoneHalves, _) => "one group per item, by halves",
         };
-        let tiles = if self.insert_uses_tiles(1, 1) {
-            "tile-major where the layout has it"
-        } else {
-            "a token per group"
+        let tiles = match (self.insert_uses_tiles(1, 1), self.insert_uses_large(1, 1)) {
+            (true, false) => "tile-major where the layout has it",
+            (true, true) => "tile-major where the layout has it, else at 32 registers (V4, MXFP8)",
+            (false, false) => "a token per group",
+            (false, true) => "a token per group, at 32 registers for V4 and MXFP8",
         };
         let gpb = self
             .groups_per_block
