@@ -59,7 +59,14 @@ KV_DEVICE void kv_load_cos_sin8(const KvInsertParams& p, int64_t base, unsigned 
 template <bool TILES, bool WIDE = false, bool TIGHT = false>
 KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, const uint16_t h[16], float r[16]) {
     float c[8], s[8];
-    if (TIGHT && !TILES) {
+    if (TILES && k < 28u) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            kv_rope_nope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), &r[2 * j], &r[2 * j + 1]);
+        return;
+    }
+    if (TILES || TIGHT) {
+        // Four pairs at a time; a tile-major NoPE tile has returned above.
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             if (k >= 28u) {
@@ -80,24 +87,7 @@ KV_DEVICE void kv_rotate16(const KvInsertParams& p, int64_t base, unsigned k, co
         }
         return;
     }
-    if (TILES) {
-        if (k < 28u) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-                kv_rope_nope_pair(kv_bf16_to_f32(h[2 * j]), kv_bf16_to_f32(h[2 * j + 1]), &r[2 * j], &r[2 * j + 1]);
-            return;
-        }
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            kv_load_cos_sin<4, WIDE>(p, base, 8 * (int64_t)(k - 28u) + 4 * half, c, s);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                int i = 4 * half + j;
-                kv_rope_pair(kv_bf16_to_f32(h[2 * i]), kv_bf16_to_f32(h[2 * i + 1]), c[j], s[j], &r[2 * i], &r[2 * i + 1]);
-            }
-        }
-        return;
-    } else if (k >= 28u) {
+    if (k >= 28u) {
         kv_load_cos_sin8<WIDE>(p, base, k, c, s);
     } else {
 #pragma unroll
