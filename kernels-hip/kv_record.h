@@ -370,6 +370,13 @@ KV_DEVICE void kv_store_nvfp4_tile(const KvInsertParams& p, int64_t slot, unsign
     page[p.block_size * 256 + row * 32 + tile] = sb;
 }
 
+// An MXFP8 record's codes and scales in its page (row `row` of
+// `page`).
+KV_DEVICE void kv_mxfp8_row(const KvInsertParams& p, uint8_t* page, int64_t row, uint8_t** values, uint8_t** scales) {
+    *values = page + row * 512;
+    *scales = page + p.block_size * 512 + row * 16;
+}
+
 // Writes token's record from its BF16 latent: the 16 dims of tile `tile`
 // (dims 16 tile .. 16 tile + 16). A group's lane l holds tile l; the
 // tile-major inserts below map threads to tiles differently, and V4, whose
@@ -422,9 +429,15 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
     } else {
         kv_rotate16<TILES, WIDE, TIGHT>(p, base, tile, h, r);  // V4 rotates by pairs below
     }
+    // The record's page and row; the TIGHT MXFP8 path finds them after its
+    // codes, every other path here.
+    constexpr bool PAGE_LATE = TIGHT && LAYOUT == KV_LAYOUT_MXFP8;
     int64_t row;
-    int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
-    uint8_t* page = p.cache + block * p.block_stride;
+    uint8_t* page;
+    if (!PAGE_LATE) {
+        int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
+        page = p.cache + block * p.block_stride;
+    }
 
     if (LAYOUT == KV_LAYOUT_V4) {
         uint8_t* values = page + row * 576;
@@ -447,8 +460,8 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         if (!TIGHT) out = kv_v4_rope_word<WIDE>(p, base, tile, v4_pair, sanitize);
         *(uint32_t*)(values + 448 + 4 * tile) = out;
     } else if (LAYOUT == KV_LAYOUT_MXFP8) {
-        uint8_t* values = page + row * 512;
-        uint8_t* scales = page + p.block_size * 512 + row * 16;
+        uint8_t *values, *scales;
+        if (!PAGE_LATE) kv_mxfp8_row(p, page, row, &values, &scales);
         // A uniform branch: with sanitizing off (the default) the tile pays
         // nothing for it.
         if (sanitize) {
@@ -457,11 +470,9 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         }
         uint32_t q[4];
         uint8_t sb = kv_quantize_fp8_part(r, 2, sanitize, q);
-        if (TIGHT) {
-            block = kv_page_row(slot, p.block_size, p.block_shift, &row);
-            page = p.cache + block * p.block_stride;
-            values = page + row * 512;
-            scales = page + p.block_size * 512 + row * 16;
+        if (PAGE_LATE) {
+            int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
+            kv_mxfp8_row(p, p.cache + block * p.block_stride, row, &values, &scales);
         }
         kv_store16w(values + 16 * tile, q);
         if ((tile & 1u) == 0u) scales[tile / 2u] = sb;
