@@ -14,65 +14,13 @@
 #define KV_DEVICE __device__ __forceinline__
 #define KV_SHARED __shared__
 #define KV_RESTRICT __restrict__
-// Three blocks of n per SM on sm_90: at most 80 registers. The CR2 kernels
-// are bound by the latency of their dependent loads, so their speed follows
-// the groups in flight; they fit 80 without spilling there. sm_100's
-// compiler spills the fused CR2 V4 kernel at 80, so it keeps two blocks
-// (tests/code_objects.rs checks both for spills).
+// KV_BOUNDS(n, sm90, sm100): blocks of n threads, and the blocks per SM that
+// ptxas must fit (a register cap), on sm_90 and on sm_100. The kernels'
+// variants and why each has its numbers: ../kernels-hip/kv_occupancy.h.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-#define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n, 2)
+#define KV_BOUNDS(n, sm90, sm100) __launch_bounds__(n, sm100)
 #else
-#define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n, 3)
-#endif
-// Two blocks per SM: the one-group fused CR2 V4 kernel holds a CR2 item's two
-// rows (64 floats a lane) with the insert's state live and spills at 80
-// registers (it takes 88 when allowed). The other layouts' fused CR2 kernels
-// fit 80 since the pooling runs one exp per dim, and take three blocks,
-// which runs faster (docs/tuning.md, Kernels).
-#define KV_LAUNCH_BOUNDS_2(n) __launch_bounds__(n, 2)
-
-// Six blocks per SM, at most 40 registers: the insert kernels are bound by
-// instruction issue and latency, not registers, and 48 warps per SM beat 32
-// for every layout (docs/tuning.md, Kernels); seven blocks would mean 32
-// registers, and spills. sm_100's compiler spills the tile-major inserts
-// at 40, so there it is five (48 registers; not measured, no Blackwell GPU
-// here).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-#define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n, 5)
-#else
-#define KV_LAUNCH_BOUNDS_6(n) __launch_bounds__(n, 6)
-#endif
-// Eight blocks per SM, at most 32 registers: the tile-major FP8 rows and
-// NVFP4 inserts, which wait on their loads or their issue at 48 warps
-// (docs/tuning.md, Occupancy caps) and, encoding pair by pair, fit 32
-// registers without spilling: 64 warps per SM.
-#define KV_LAUNCH_BOUNDS_8(n) __launch_bounds__(n, 8)
-// Four blocks per SM, at most 64 registers: the long-chunk CR2 kernel,
-// whose lone groups pool by halves to fit.
-#define KV_LAUNCH_BOUNDS_4(n) __launch_bounds__(n, 4)
-// Five blocks per SM, at most 48 registers: the fused CR1 kernels (the
-// insert's work plus the norm; at 40 registers they spill).
-#define KV_LAUNCH_BOUNDS_5(n) __launch_bounds__(n, 5)
-
-// Nine team blocks (of 128) per SM, at most 56 registers: the CR2 team
-// kernels at 56 where the fused NVFP4 one had grown to 72, i.e. 28 warps per
-// SM where the others had 36 (and ran slower; docs/tuning.md, Kernels).
-#define KV_LAUNCH_BOUNDS_9(n) __launch_bounds__(n, 9)
-// Ten team blocks per SM, at most 48 registers: the compress team kernel
-// of multi-token decode, which takes 50 by itself (its request items pool a
-// two-token chunk's second token too), where the plain one takes 48; at
-// nine blocks, 1024 one-token requests (1280 screened blocks) need a
-// second wave on the H200's 132 SMs (docs/tuning.md, Kernels).
-#define KV_LAUNCH_BOUNDS_10(n) __launch_bounds__(n, 10)
-// Sixteen pair blocks (of 64) per SM, at most 64 registers: the CR2 pair
-// kernels. Only the fused NVFP4 one takes more when free (70: fourteen
-// blocks); at 64 it does not spill, and runs faster (docs/tuning.md,
-// Kernels). sm_100's compiler spills the fused V4 one at
-// 64, so it keeps fourteen there (72 registers; not measured).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-#define KV_LAUNCH_BOUNDS_16(n) __launch_bounds__(n, 14)
-#else
-#define KV_LAUNCH_BOUNDS_16(n) __launch_bounds__(n, 16)
+#define KV_BOUNDS(n, sm90, sm100) __launch_bounds__(n, sm90)
 #endif
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }

@@ -2,12 +2,14 @@
 // a group's lane and index, index loads, page and row arithmetic, the skip
 // counters, and vector loads and stores of floats and BF16. The math is in
 // kv_formats.h / kv_math.h (twins of src/numerics/formats.rs and math.rs);
-// the parameter blocks and the kernel list are in kv_abi.h.
+// the parameter blocks and the kernel list are in kv_abi.h, every kernel's
+// occupancy in kv_occupancy.h.
 #pragma once
 
 #ifndef KV_PRELUDE_INCLUDED
 #include "prelude.h"
 #endif
+#include "kv_occupancy.h"
 #include "kv_formats.h"
 #include "kv_math.h"
 #include "kv_abi.h"

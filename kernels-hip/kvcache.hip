@@ -29,6 +29,7 @@
 //   kv_abi.h       parameter blocks, flag bits, the kernel list (KV_KERNELS)
 //   kv_formats.h   number formats: encoders and decoders (formats.rs twin)
 //   kv_math.h      norm, RoPE, pooling and scale math (math.rs twin)
+//   kv_occupancy.h blocks per SM per kernel family (KV_LAUNCH_BOUNDS*)
 //   kv_common.h    shared device helpers: lanes, indices, pages, vector I/O
 //   kv_record.h    one token's record: RoPE, quantizers, kv_write_record
 //   kv_compress.h  the compressor's items: pooling, the norm, CR2 teams

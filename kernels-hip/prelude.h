@@ -34,7 +34,9 @@
 #define KV_DEVICE __device__ inline __attribute__((always_inline))
 #define KV_SHARED __shared__
 #define KV_RESTRICT __restrict__
-#define KV_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+// The work-group size bound alone: blocks per SM are CUDA's register caps
+// (kv_occupancy.h).
+#define KV_BOUNDS(n, sm90, sm100) __launch_bounds__(n)
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }
 KV_DEVICE unsigned kv_bid() { return blockIdx.x; }
@@ -56,7 +58,7 @@ typedef __INT64_TYPE__ int64_t;
 #define KV_SHARED __attribute__((shared))
 #define KV_RESTRICT __restrict__
 // Same mapping as hip_runtime.h's __launch_bounds__(n).
-#define KV_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define KV_BOUNDS(n, sm90, sm100) __attribute__((amdgpu_flat_work_group_size(1, n)))
 
 KV_DEVICE unsigned kv_tid() { return __builtin_amdgcn_workitem_id_x(); }
 KV_DEVICE unsigned kv_bid() { return __builtin_amdgcn_workgroup_id_x(); }
@@ -86,17 +88,6 @@ KV_DEVICE void kv_store_16_evict_first(void* p, uint32_t x, uint32_t y, uint32_t
     kv_u32v4 v = {x, y, z, w};
     *(kv_u32v4*)p = v;
 }
-
-// The CUDA prelude's occupancy variants (blocks per SM, i.e. a register cap
-// for ptxas); on AMD they are the work-group size bound alone.
-#define KV_LAUNCH_BOUNDS_2(n) KV_LAUNCH_BOUNDS(n)
-#define KV_LAUNCH_BOUNDS_4(n) KV_LAUNCH_BOUNDS(n)
-#define KV_LAUNCH_BOUNDS_5(n) KV_LAUNCH_BOUNDS(n)
-#define KV_LAUNCH_BOUNDS_6(n) KV_LAUNCH_BOUNDS(n)
-#define KV_LAUNCH_BOUNDS_8(n) KV_LAUNCH_BOUNDS(n)
-#define KV_LAUNCH_BOUNDS_9(n) KV_LAUNCH_BOUNDS(n)
-#define KV_LAUNCH_BOUNDS_10(n) KV_LAUNCH_BOUNDS(n)
-#define KV_LAUNCH_BOUNDS_16(n) KV_LAUNCH_BOUNDS(n)
 
 // Lane index within the wavefront (0..63 on wave64, 0..31 on wave32).
 KV_DEVICE unsigned kv_lane_id_() {

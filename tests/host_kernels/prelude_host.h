@@ -16,15 +16,7 @@
 #define KV_DEVICE static inline
 #define KV_SHARED
 #define KV_RESTRICT __restrict__
-#define KV_LAUNCH_BOUNDS(n)
-#define KV_LAUNCH_BOUNDS_2(n)
-#define KV_LAUNCH_BOUNDS_4(n)
-#define KV_LAUNCH_BOUNDS_5(n)
-#define KV_LAUNCH_BOUNDS_6(n)
-#define KV_LAUNCH_BOUNDS_8(n)
-#define KV_LAUNCH_BOUNDS_9(n)
-#define KV_LAUNCH_BOUNDS_10(n)
-#define KV_LAUNCH_BOUNDS_16(n)
+#define KV_BOUNDS(n, sm90, sm100)
 
 #if defined(KV_HOST_LANES)
 // Every work-item of a block on its own host thread (lanes.h runs them), so

@@ -1,0 +1,51 @@
+// Every kernel's occupancy, in one table: KV_LAUNCH_BOUNDS*(n) is
+// KV_BOUNDS(n, blocks per SM on sm_90, blocks per SM on sm_100), which the
+// preludes spell per vendor. On CUDA the blocks per SM are a register cap for
+// ptxas; on AMD only the work-group size bound n applies, and in the host
+// tests nothing. tests/code_objects.rs checks every kernel for spills on all
+// four targets; docs/tuning.md ("Occupancy caps") has the measurements, and
+// no sm_100 choice is measured (no Blackwell GPU here).
+#pragma once
+
+// Three blocks per SM on sm_90, at most 80 registers: the CR2 kernels are
+// bound by the latency of their dependent loads, so their speed follows the
+// groups in flight; they fit 80 without spilling there. sm_100's compiler
+// spills the fused CR2 V4 kernel at 80, so it keeps two blocks.
+#define KV_LAUNCH_BOUNDS(n) KV_BOUNDS(n, 3, 2)
+// Two blocks per SM: the one-group fused CR2 V4 kernel holds a CR2 item's two
+// rows (64 floats a lane) with the insert's state live and spills at 80
+// registers (it takes 88 when allowed). The other layouts' fused CR2 kernels
+// fit 80 since the pooling runs one exp per dim, and take three blocks,
+// which runs faster.
+#define KV_LAUNCH_BOUNDS_2(n) KV_BOUNDS(n, 2, 2)
+// Four blocks per SM, at most 64 registers: the long-chunk CR2 kernel,
+// whose lone groups pool by halves to fit.
+#define KV_LAUNCH_BOUNDS_4(n) KV_BOUNDS(n, 4, 4)
+// Five blocks per SM, at most 48 registers: the fused CR1 kernels (the
+// insert's work plus the norm; at 40 registers they spill).
+#define KV_LAUNCH_BOUNDS_5(n) KV_BOUNDS(n, 5, 5)
+// Six blocks per SM, at most 40 registers: the insert kernels are bound by
+// instruction issue and latency, not registers, and 48 warps per SM beat 32
+// for every layout; seven blocks would mean 32 registers, and spills.
+// sm_100's compiler spills the tile-major inserts at 40, so there it is
+// five (48 registers).
+#define KV_LAUNCH_BOUNDS_6(n) KV_BOUNDS(n, 6, 5)
+// Eight blocks per SM, at most 32 registers: the tile-major FP8 rows and
+// NVFP4 inserts, which wait on their loads or their issue at 48 warps and,
+// encoding pair by pair, fit 32 registers without spilling: 64 warps per SM.
+#define KV_LAUNCH_BOUNDS_8(n) KV_BOUNDS(n, 8, 8)
+// Nine team blocks (of 128) per SM, at most 56 registers: the CR2 team
+// kernels at 56 where the fused NVFP4 one had grown to 72, i.e. 28 warps per
+// SM where the others had 36 (and ran slower).
+#define KV_LAUNCH_BOUNDS_9(n) KV_BOUNDS(n, 9, 9)
+// Ten team blocks per SM, at most 48 registers: the compress team kernel
+// of multi-token decode, which takes 50 by itself (its request items pool a
+// two-token chunk's second token too), where the plain one takes 48; at
+// nine blocks, 1024 one-token requests (1280 screened blocks) need a
+// second wave on the H200's 132 SMs.
+#define KV_LAUNCH_BOUNDS_10(n) KV_BOUNDS(n, 10, 10)
+// Sixteen pair blocks (of 64) per SM, at most 64 registers: the CR2 pair
+// kernels. Only the fused NVFP4 one takes more when free (70: fourteen
+// blocks); at 64 it does not spill, and runs faster. sm_100's compiler
+// spills the fused V4 one at 64, so it keeps fourteen there (72 registers).
+#define KV_LAUNCH_BOUNDS_16(n) KV_BOUNDS(n, 16, 14)
