@@ -10,13 +10,15 @@
 // Three blocks per SM on sm_90, at most 80 registers: the CR2 kernels are
 // bound by the latency of their dependent loads, so their speed follows the
 // groups in flight; they fit 80 without spilling there. sm_100's compiler
-// spills the fused CR2 V4 kernel at 80, so it keeps two blocks.
+// spills the fused CR2 V4 kernel at 80, so it keeps two blocks. Also
+// save_ring_rows, the copy roofline and the hardware-format self-check.
 #define KV_LAUNCH_BOUNDS(n) KV_BOUNDS(n, 3, 2)
 // Two blocks per SM: the one-group fused CR2 V4 kernel holds a CR2 item's two
 // rows (64 floats a lane) with the insert's state live and spills at 80
 // registers (it takes 88 when allowed). The other layouts' fused CR2 kernels
 // fit 80 since the pooling runs one exp per dim, and take three blocks,
-// which runs faster.
+// which runs faster. Also the generic _wide compress and insert kernels,
+// for room to hold 16 f32 weights.
 #define KV_LAUNCH_BOUNDS_2(n) KV_BOUNDS(n, 2, 2)
 // Four blocks per SM, at most 64 registers: the long-chunk CR2 kernel,
 // whose lone groups pool by halves to fit.
@@ -24,15 +26,17 @@
 // Five blocks per SM, at most 48 registers: the fused CR1 kernels (the
 // insert's work plus the norm; at 40 registers they spill).
 #define KV_LAUNCH_BOUNDS_5(n) KV_BOUNDS(n, 5, 5)
-// Six blocks per SM, at most 40 registers: the insert kernels are bound by
-// instruction issue and latency, not registers, and 48 warps per SM beat 32
-// for every layout; seven blocks would mean 32 registers, and spills.
+// Six blocks per SM, at most 40 registers: the insert kernels (and compress
+// CR1) are bound by instruction issue and latency, not registers, and 48
+// warps per SM beat 32 for every layout; seven blocks would mean 32
+// registers, and spills.
 // sm_100's compiler spills the tile-major inserts at 40, so there it is
 // five (48 registers).
 #define KV_LAUNCH_BOUNDS_6(n) KV_BOUNDS(n, 6, 5)
 // Eight blocks per SM, at most 32 registers: the tile-major FP8 rows and
 // NVFP4 inserts, which wait on their loads or their issue at 48 warps and,
 // encoding pair by pair, fit 32 registers without spilling: 64 warps per SM.
+// Also the large-launch V4 and MXFP8 inserts, their work ordered to fit.
 #define KV_LAUNCH_BOUNDS_8(n) KV_BOUNDS(n, 8, 8)
 // Nine team blocks (of 128) per SM, at most 56 registers: the CR2 team
 // kernels at 56 where the fused NVFP4 one had grown to 72, i.e. 28 warps per
