@@ -521,9 +521,11 @@ KV_DEVICE void kv_ring_store_two(const KvCompressParams& c, int32_t u, int64_t s
 // store). WIDE: the generic kernels' weights. EARLY (long chunks): the
 // ring stores' first two tokens' slots are read with the first token's,
 // and their rows with the pooled group's (kv_ring_store_two), where each
-// token's store waited for its slot and then its row.
+// token's store waited for its slot and then its row. PREV_LATE: the
+// KV_F_HAS_PREV test is made again at the ring loop instead of kept across
+// the emission (kv_compress_cr2_team_mtp_spread spilled it at 48 registers).
 template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false, bool WIDE = false,
-          bool EARLY = false, bool TEAM_NORM = false>
+          bool EARLY = false, bool TEAM_NORM = false, bool PREV_LATE = false>
 KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
                                    float* pooled) {
     static_assert(!(EARLY && (HALVES || OWN2)), "the early ring stores are written for plain team items");
@@ -654,7 +656,7 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         // overwrite; before it, sm_100 spilled).
         if (EARLY) kv_ring_store_two<TEAM>(c, early_u, slot_a, slot_b, tl);
     }
-    if (has_prev) return;
+    if (PREV_LATE ? (c.flags & KV_F_HAS_PREV) != 0u : has_prev) return;
     // The team's other groups still copy their parts of the ring rows: they
     // returned from kv_pool_norm_emit above, not from this item.
     for (int32_t u = own2 ? end : (EARLY ? early_u + 2 : (from == start ? start + 1 : from)); u < end; ++u) {
@@ -824,12 +826,53 @@ KV_DEVICE void kv_cr2_token_sweep(const KvCompressParams& c, const KvInsertParam
     }
 }
 
+// Token blocks per run in a spread launch (kv_spread_item).
+#define KV_CR2_SPREAD_RUN 64u
+
+// The item of block kv_bid() in a spread launch of TEAM-token blocks
+// (kv_compress_cr2_team_mtp_spread). The items keep their numbers (the
+// requests, then the token blocks), but the grid is laid out as frames, one
+// per run of KV_CR2_SPREAD_RUN token blocks (the last one shorter): each
+// frame is its share of the request blocks (p or, in the first ones, p + 1)
+// and then its run. In two-token decode the token blocks only read
+// indices; in item order they ran after every request block, a tail of
+// round trips with little memory traffic beside them. Runs, not single
+// blocks: one token block in every three blocks gave whole SMs of the first
+// wave only token blocks (docs/tuning.md, "Where the screened token blocks
+// run").
+template <int TEAM>
+KV_DEVICE unsigned kv_spread_item(const KvCompressParams& c) {
+    constexpr unsigned RUN = KV_CR2_SPREAD_RUN;
+    const unsigned i = kv_bid();
+    const unsigned b = (unsigned)((c.n + (TEAM - 1)) / TEAM);
+    const unsigned r = (unsigned)c.num_reqs;
+    if (b == 0u) return i;
+    const unsigned runs = (b + RUN - 1u) / RUN;
+    const unsigned p = r / runs, rem = r - p * runs;
+    // The first rem frames hold p + 1 request blocks, the others p.
+    const unsigned long_frames = rem * (p + 1u + RUN);
+    unsigned j, k, reqs;  // i's frame, its place in it, the frame's requests
+    if (i < long_frames) {
+        j = i / (p + 1u + RUN);
+        k = i - j * (p + 1u + RUN);
+        reqs = p + 1u;
+    } else {
+        const unsigned f = (i - long_frames) / (p + RUN);
+        j = rem + f;
+        k = i - long_frames - f * (p + RUN);
+        reqs = p;
+    }
+    return k < reqs ? j * p + (j < rem ? j : rem) + k : r + j * RUN + (k - reqs);
+}
+
 // One CR2 item per block of TEAM groups (see "CR2 items, alone or in
 // teams"), or in a screened launch TEAM tokens (kv_cr2_token_block), or in
 // a swept one (SWEEP kernels only) 32 TEAM tokens (kv_cr2_token_sweep). Every
 // lane of the block handles the same item, so the control flow up to the
-// team's barriers is the same for all of them.
-template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false, bool SWEEP = false, bool EARLY = false>
+// team's barriers is the same for all of them. SPREAD: a screened launch's
+// blocks in kv_spread_item's order.
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false, bool SWEEP = false, bool EARLY = false,
+          bool SPREAD = false>
 KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
     // The long-chunk teams norm over the whole team (kv_team_norm_store); the
     // decode teams, whose one-token launches it slowed, keep group 0's norm
@@ -837,9 +880,13 @@ KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertPar
     constexpr bool TEAM_NORM = EARLY && !FUSED && TEAM == KV_CR2_TEAM;
     float* pooled = kv_team_shared;
     int64_t item = kv_bid();
+    if constexpr (SPREAD) {
+        if (c.flags & KV_F_SCREEN_TOKENS) item = kv_spread_item<TEAM>(c);
+    }
     KvTeamLane tl = {kv_tid() / KV_GROUP_LANES, kv_lane()};
     if (item < c.num_reqs) {
-        kv_cr2_request_item<FUSED, LAYOUT, TEAM, false, OWN2, false, EARLY, TEAM_NORM>(c, ins, item, tl, pooled);
+        kv_cr2_request_item<FUSED, LAYOUT, TEAM, false, OWN2, false, EARLY, TEAM_NORM, SPREAD>(c, ins, item, tl,
+                                                                                             pooled);
     } else if (SWEEP && (c.flags & KV_F_SWEEP_TOKENS)) {
         kv_cr2_token_sweep<FUSED, LAYOUT, TEAM, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (c.flags & KV_F_SCREEN_TOKENS) {

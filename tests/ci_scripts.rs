@@ -150,6 +150,7 @@ fn hip_on_cuda_script() {
                 "DSV4_KVCACHE_CR2_SCREEN",
                 "DSV4_KVCACHE_INSERT_TILES",
                 "DSV4_KVCACHE_INSERT_LARGE",
+                "DSV4_KVCACHE_CR2_SPREAD",
                 "DSV4_KVCACHE_GROUPS_PER_BLOCK",
             ] {
                 assert!(

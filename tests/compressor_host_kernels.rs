@@ -335,3 +335,101 @@ fn host_built_f16_decode_is_the_reference_on_every_code() {
         assert_eq!(got, want, "code {h:#06x}");
     }
 }
+
+/// The block order of `kv_compress_cr2_team_mtp_spread` (`kv_spread_item`,
+/// host-built), over the grid the launch gives a screened team launch:
+/// every item (the requests, then the token blocks) gets exactly one block;
+/// the requests and the token blocks each keep their order; and the grid is
+/// frames, one per run of `KV_CR2_SPREAD_RUN` token blocks (the last one
+/// shorter), each its share of the request blocks and then its run, the
+/// shares differing by at most one, the larger first, nothing after the last
+/// run.
+#[test]
+fn spread_launches_give_every_item_one_block_and_the_token_blocks_runs_among_the_requests() {
+    use dsv4_kvcache::kernel_abi::{TokenBlocks, CR2_TEAM_GROUPS};
+    use dsv4_kvcache::launch::screened_team_geometry;
+    let exe = match host_kernels::build("spread_host.cpp", &[]) {
+        Ok(e) => e,
+        Err(why) => {
+            return host_kernels::skipped(&format!("spread block order on the host: {why}"))
+        }
+    };
+    let src = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("kernels-hip/kv_compress.h"),
+    )
+    .expect("kernel source");
+    let run: u64 = src
+        .lines()
+        .find_map(|l| l.strip_prefix("#define KV_CR2_SPREAD_RUN "))
+        .and_then(|v| v.trim().trim_end_matches('u').parse().ok())
+        .expect("KV_CR2_SPREAD_RUN");
+    let shapes: [(u64, u64); 11] = [
+        (65536, 32768), // two-token decode, the bench's largest
+        (24576, 12288),
+        (1024, 512),
+        (16, 8),
+        (6, 2),
+        (0, 5),
+        (0, 0),
+        (1, 1),
+        (1000, 1),    // fewer requests than runs
+        (2048, 2048), // more requests than token blocks' frames
+        (4 * 257 + 3, 7),
+    ];
+    for (n, reqs) in shapes {
+        let grid =
+            screened_team_geometry(n, reqs, CR2_TEAM_GROUPS, TokenBlocks::Screened).grid as u64;
+        let b = n.div_ceil(CR2_TEAM_GROUPS as u64);
+        assert_eq!(grid, (reqs + b).max(1), "n {n}, {reqs} requests");
+        let out = std::process::Command::new(&exe)
+            .args([n.to_string(), reqs.to_string(), grid.to_string()])
+            .output()
+            .expect("the host program runs");
+        assert!(out.status.success(), "n {n}, {reqs} requests");
+        let items: Vec<u64> = out
+            .stdout
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes(w.try_into().unwrap()) as u64)
+            .collect();
+        assert_eq!(items.len() as u64, grid);
+        let ctx = format!("n {n}, {reqs} requests, blocks {items:?}");
+        let mut sorted = items.clone();
+        sorted.sort_unstable();
+        assert!(
+            sorted.iter().copied().eq(0..grid),
+            "one block per item: {ctx}"
+        );
+        let reqs_in_order: Vec<u64> = items.iter().copied().filter(|&i| i < reqs).collect();
+        assert!(reqs_in_order.windows(2).all(|w| w[0] < w[1]), "{ctx}");
+        let tokens: Vec<u64> = items.iter().copied().filter(|&i| i >= reqs).collect();
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{ctx}");
+        if b == 0 {
+            continue;
+        }
+        // Frames: the request blocks before each run of `run` token blocks.
+        let mut shares = Vec::new();
+        let (mut share, mut in_run) = (0u64, 0u64);
+        for &i in &items {
+            if i < reqs {
+                assert_eq!(in_run, 0, "a run is not interrupted: {ctx}");
+                share += 1;
+            } else {
+                in_run += 1;
+                if in_run == run || i == reqs + b - 1 {
+                    shares.push(share);
+                    (share, in_run) = (0, 0);
+                }
+            }
+        }
+        assert_eq!(shares.len() as u64, b.div_ceil(run), "{ctx}");
+        assert_eq!(share, 0, "no request block after the last run: {ctx}");
+        assert_eq!(items.last(), Some(&(reqs + b - 1)), "{ctx}");
+        let (lo, hi) = (*shares.iter().min().unwrap(), *shares.iter().max().unwrap());
+        assert!(hi - lo <= 1, "shares {shares:?}: {ctx}");
+        assert!(
+            shares.windows(2).all(|w| w[0] >= w[1]),
+            "shares {shares:?}: {ctx}"
+        );
+    }
+    let _ = std::fs::remove_file(&exe);
+}

@@ -666,7 +666,7 @@ mod tests {
                 assert_eq!(k.param_block(), block, "{k:?}");
             }
         }
-        assert_eq!(Kernel::ALL.len(), 100);
+        assert_eq!(Kernel::ALL.len(), 101);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(k.index(), i);
             assert!(k.name().starts_with("kv_"));

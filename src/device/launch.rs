@@ -69,6 +69,14 @@ pub const CR2_SCREEN_MIN_ITEMS_MULTI: u64 = 1536;
 /// Decode batches of mostly one-token requests screen their tokens from this
 /// many items on: their token items mostly pool nothing.
 pub const CR2_SCREEN_MIN_ITEMS: u64 = 512;
+/// Screened plain multi-token team launches of at least this many items run
+/// `kv_compress_cr2_team_mtp_spread`, whose token blocks run in runs among
+/// the request blocks instead of after them all. Provisional: token blocks
+/// spread one by one took two-token requests 5.7 % faster at 65,536 tokens
+/// (98,304 items) and 2.7 % at 16,384 (24,576), but 1.4 % slower at 8192
+/// (H200, 2026-12-05, docs/tuning.md, "Where the screened token blocks
+/// run"); the runs are to be measured.
+pub const CR2_SPREAD_MIN_ITEMS: u64 = 24_576;
 
 /// How a CR2 launch spreads an item (a request's first group, or a token's)
 /// over the GPU.
@@ -105,6 +113,9 @@ pub struct Cr2Shape {
     /// `kv_compress_cr2_team_chunks` (a token reads its rows with its
     /// chunk's bounds: nearly every odd position closes a group there).
     pub long_chunks: bool,
+    /// A screened plain multi-token team launch whose token blocks run in
+    /// runs among the request blocks (`kv_compress_cr2_team_mtp_spread`).
+    pub spread: bool,
 }
 
 /// A kernel and the shape to launch it in.
@@ -132,6 +143,9 @@ pub struct LaunchPolicy {
     /// The 32-register CR1 inserts of large launches (where the layout has
     /// one: V4, MXFP8).
     pub insert_large: Option<bool>,
+    /// The multi-token team kernel with its token blocks spread among the
+    /// request blocks, in screened plain compresses.
+    pub cr2_spread: Option<bool>,
     /// Two rows per group in `gather_dequant` launches (else a row a group:
     /// measured faster at every size, docs/tuning.md).
     pub gather_two_rows: Option<bool>,
@@ -142,7 +156,7 @@ pub struct LaunchPolicy {
 }
 
 /// The override variables [`LaunchPolicy::from_env`] reads.
-pub const POLICY_ENV_VARS: [&str; 7] = [
+pub const POLICY_ENV_VARS: [&str; 8] = [
     "DSV4_KVCACHE_GROUPS_PER_BLOCK",
     "DSV4_KVCACHE_CR2_TEAMS",
     "DSV4_KVCACHE_CR2_SCREEN",
@@ -150,6 +164,7 @@ pub const POLICY_ENV_VARS: [&str; 7] = [
     "DSV4_KVCACHE_GATHER_TWO_ROWS",
     "DSV4_KVCACHE_GATHER_SPLIT_ROWS",
     "DSV4_KVCACHE_INSERT_LARGE",
+    "DSV4_KVCACHE_CR2_SPREAD",
 ];
 
 impl LaunchPolicy {
@@ -160,6 +175,7 @@ impl LaunchPolicy {
         cr2_screen: None,
         insert_tiles: None,
         insert_large: None,
+        cr2_spread: None,
         gather_two_rows: None,
         gather_split_rows: None,
     };
@@ -168,7 +184,7 @@ impl LaunchPolicy {
     /// cases, labelled with the environment that builds each: the measured
     /// heuristics (CR2 in teams, a token per group for CR1 inserts), lone
     /// groups, pairs, lone groups by halves, screened teams, screened pairs,
-    /// tile-major and large-launch inserts with gathers of a row per group, and blocks of 8
+    /// tile-major and large-launch inserts with screened, spread CR2 teams and gathers of a row per group, and blocks of 8
     /// groups with tile-major inserts, lone CR2 groups and gathers of two
     /// rows per group (so both gather shapes run at every size).
     pub const MAPPINGS: [(&'static str, LaunchPolicy); 8] = {
@@ -212,10 +228,12 @@ impl LaunchPolicy {
                 },
             ),
             (
-                "DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_INSERT_LARGE=1 DSV4_KVCACHE_GATHER_TWO_ROWS=0 DSV4_KVCACHE_GATHER_SPLIT_ROWS=0",
+                "DSV4_KVCACHE_INSERT_TILES=1 DSV4_KVCACHE_INSERT_LARGE=1 DSV4_KVCACHE_CR2_SCREEN=1 DSV4_KVCACHE_CR2_SPREAD=1 DSV4_KVCACHE_GATHER_TWO_ROWS=0 DSV4_KVCACHE_GATHER_SPLIT_ROWS=0",
                 LaunchPolicy {
                     insert_tiles: Some(true),
                     insert_large: Some(true),
+                    cr2_screen: Some(true),
+                    cr2_spread: Some(true),
                     gather_two_rows: Some(false),
                     gather_split_rows: Some(false),
                     ..m
@@ -271,6 +289,7 @@ impl LaunchPolicy {
             gather_two_rows: switch(POLICY_ENV_VARS[4])?,
             gather_split_rows: switch(POLICY_ENV_VARS[5])?,
             insert_large: switch(POLICY_ENV_VARS[6])?,
+            cr2_spread: switch(POLICY_ENV_VARS[7])?,
         })
     }
 
@@ -362,14 +381,17 @@ impl LaunchPolicy {
             (true, false) => TokenBlocks::Screened,
             (true, true) => TokenBlocks::Swept,
         };
+        let multi_token =
+            screened && !one_token && !long_chunks && (shape == Cr2Items::Teams || !fused);
         Cr2Shape {
             items: shape,
             tokens,
-            multi_token: screened
-                && !one_token
-                && !long_chunks
-                && (shape == Cr2Items::Teams || !fused),
+            multi_token,
             long_chunks,
+            spread: multi_token
+                && !fused
+                && shape == Cr2Items::Teams
+                && self.cr2_spread.unwrap_or(items >= CR2_SPREAD_MIN_ITEMS),
         }
     }
 
@@ -446,6 +468,7 @@ impl LaunchPolicy {
                 tokens: TokenBlocks::Items,
                 multi_token: false,
                 long_chunks: false,
+                spread: false,
             }
         };
         let team = |groups| match shape.tokens {
@@ -538,6 +561,7 @@ fn compress_cr2_kernel(compress_ratio: u32, shape: Cr2Shape) -> Kernel {
     match (shape.items, shape.multi_token, shape.tokens) {
         (Cr2Items::Lone, _, _) => compress_kernel(compress_ratio),
         (Cr2Items::Teams, _, _) if shape.long_chunks => Kernel::CompressCr2TeamChunks,
+        (Cr2Items::Teams, true, _) if shape.spread => Kernel::CompressCr2TeamMtpSpread,
         (Cr2Items::Teams, true, _) => Kernel::CompressCr2TeamMtp,
         (Cr2Items::Teams, false, TokenBlocks::Swept) => Kernel::CompressCr2TeamSwept,
         (Cr2Items::Teams, false, _) => Kernel::CompressCr2Team,
@@ -667,6 +691,7 @@ mod tests {
             ("DSV4_KVCACHE_GATHER_TWO_ROWS", "on"),
             ("DSV4_KVCACHE_GATHER_SPLIT_ROWS", "2"),
             ("DSV4_KVCACHE_INSERT_LARGE", "yes"),
+            ("DSV4_KVCACHE_CR2_SPREAD", "2"),
         ] {
             let r = LaunchPolicy::from_lookup(|k| (k == var).then(|| bad.to_string()));
             assert!(
@@ -886,6 +911,55 @@ mod tests {
         ] {
             assert!(insert_tiles_kernel(l).is_some());
         }
+    }
+
+    #[test]
+    fn large_multi_token_compresses_spread_their_token_blocks() {
+        // Two-token decode: `n` tokens in n / 2 requests, screened from
+        // CR2_SCREEN_MIN_ITEMS_MULTI items, spread from CR2_SPREAD_MIN_ITEMS.
+        let two = |pol: &LaunchPolicy, n: u64, fused: bool| pol.cr2_shape(n, n / 2, fused);
+        let at = |items: u64| items / 3 * 2; // tokens of `items` items
+        let s = two(&M, at(CR2_SPREAD_MIN_ITEMS), false);
+        assert!(s.multi_token && s.spread && s.tokens == TokenBlocks::Screened);
+        assert_eq!(compress_cr2_kernel(2, s), Kernel::CompressCr2TeamMtpSpread);
+        let s = two(&M, at(CR2_SPREAD_MIN_ITEMS) - 2, false);
+        assert!(s.multi_token && !s.spread);
+        assert_eq!(compress_cr2_kernel(2, s), Kernel::CompressCr2TeamMtp);
+        // Fused launches, one-token decode (swept), long chunks and pairs
+        // never spread, forced or not; forced off, nothing spreads.
+        let on = LaunchPolicy {
+            cr2_spread: Some(true),
+            ..M
+        };
+        let off = LaunchPolicy {
+            cr2_spread: Some(false),
+            ..M
+        };
+        for pol in [M, on] {
+            assert!(!two(&pol, 1 << 17, true).spread);
+            assert!(!pol.cr2_shape(1 << 17, 1 << 17, false).spread);
+            assert!(!pol.cr2_shape(1 << 17, 4, false).spread);
+            let pairs = LaunchPolicy {
+                cr2_items: Some(Cr2Items::Pairs),
+                ..pol
+            };
+            assert!(!two(&pairs, 1 << 17, false).spread);
+        }
+        assert!(!two(&off, 1 << 17, false).spread);
+        // Forced on, a screened multi-token team launch spreads at any size;
+        // an unscreened one has no token blocks to spread.
+        let screened_on = LaunchPolicy {
+            cr2_screen: Some(true),
+            ..on
+        };
+        assert!(two(&screened_on, 8, false).spread);
+        assert!(!two(&on, 8, false).spread);
+        // The variable.
+        let env = |v: &'static str| {
+            LaunchPolicy::from_lookup(move |k| (k == "DSV4_KVCACHE_CR2_SPREAD").then(|| v.into()))
+        };
+        assert_eq!(env("1").unwrap(), on);
+        assert_eq!(env("0").unwrap(), off);
     }
 
     #[test]
