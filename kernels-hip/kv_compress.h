@@ -18,12 +18,10 @@ KV_DEVICE float kv_inv_rms_of_sum(float s, float eps) {
     return kv_divf(1.0f, kv_sqrtf(var + eps));
 }
 
-// Lane l holds v[16 l .. 16 l + 16) and w, its 16 weights (the tuned
-// kernels' BF16 ones loaded by the caller with its first reads, not after
-// them): squares folded by halves inside the lane, then a butterfly over the
-// 32 lanes; every lane ends with the sum.
-template <class W>
-KV_DEVICE void kv_rms_norm16(const float v[16], const W& w, float eps, uint16_t out[16]) {
+// The inverse RMS of the 512 values whose lane l holds v[16 l .. 16 l + 16):
+// squares folded by halves inside the lane, then a butterfly over the 32
+// lanes; every lane ends with it.
+KV_DEVICE float kv_inv_rms16(const float v[16], float eps) {
     float a[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) a[j] = v[j] * v[j];
@@ -42,11 +40,24 @@ KV_DEVICE void kv_rms_norm16(const float v[16], const W& w, float eps, uint16_t 
     s = s + kv_shfl_xor(s, 4);
     s = s + kv_shfl_xor(s, 2);
     s = s + kv_shfl_xor(s, 1);
-    float inv = kv_inv_rms_of_sum(s, eps);
+    return kv_inv_rms_of_sum(s, eps);
+}
+
+// math::norm_scale of lane l's 16 values by the inverse and its 16 weights w.
+template <class W>
+KV_DEVICE void kv_norm_scale16(const float v[16], float inv, const W& w, uint16_t out[16]) {
     float r[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) r[j] = (v[j] * inv) * kv_weight_at(w, j);
     kv_bf16x16_from_f32(r, out);
+}
+
+// Lane l holds v[16 l .. 16 l + 16) and w, its 16 weights (the tuned
+// kernels' BF16 ones loaded by the caller with its first reads, not after
+// them): kv_inv_rms16, then kv_norm_scale16.
+template <class W>
+KV_DEVICE void kv_rms_norm16(const float v[16], const W& w, float eps, uint16_t out[16]) {
+    kv_norm_scale16(v, kv_inv_rms16(v, eps), w, out);
 }
 
 // ---- fused_save_compress_norm ----------------------------------------------
@@ -183,14 +194,23 @@ KV_DEVICE void kv_pool_part(const KvRowPart<N>& older, const KvRowPart<N>& newer
 // kernels are limited by how many groups their registers let run at once,
 // and the weights (1 KB, shared by every token) come from cache. (Issuing
 // them, and the insert's slot, with the rows' reads was no faster:
-// docs/tuning.md, Kernels.)
-template <bool FUSED, int LAYOUT, bool WIDE = false>
+// docs/tuning.md, Kernels.) INV_FIRST: the weights after the inverse, so
+// that they are not live across its slow-path calls (the spread kernel at
+// 40 registers).
+template <bool FUSED, int LAYOUT, bool WIDE = false, bool INV_FIRST = false>
 KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
                             unsigned lane, const float v[16]) {
-    typename KvWeight16<WIDE>::T w;
-    kv_load_weight16(c, lane, &w);
     uint16_t out[16];
-    kv_rms_norm16(v, w, c.eps, out);
+    if constexpr (INV_FIRST) {
+        float inv = kv_inv_rms16(v, c.eps);
+        typename KvWeight16<WIDE>::T w;
+        kv_load_weight16(c, lane, &w);
+        kv_norm_scale16(v, inv, w, out);
+    } else {
+        typename KvWeight16<WIDE>::T w;
+        kv_load_weight16(c, lane, &w);
+        kv_rms_norm16(v, w, c.eps, out);
+    }
     kv_emit_latent<FUSED, LAYOUT, WIDE>(c, ins, t, lane, out, pos);
 }
 
@@ -523,7 +543,9 @@ KV_DEVICE void kv_ring_store_two(const KvCompressParams& c, int32_t u, int64_t s
 // and their rows with the pooled group's (kv_ring_store_two), where each
 // token's store waited for its slot and then its row. PREV_LATE: the
 // KV_F_HAS_PREV test is made again at the ring loop instead of kept across
-// the emission (kv_compress_cr2_team_mtp_spread spilled it at 48 registers).
+// the emission (kv_compress_cr2_team_mtp_spread spilled it at 48 registers),
+// and the second token's ring row is found before the rows' loads, not
+// after the first row's store (the kernel fits 40 registers on sm_90).
 template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false, bool WIDE = false,
           bool EARLY = false, bool TEAM_NORM = false, bool PREV_LATE = false>
 KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
@@ -628,6 +650,16 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         // ring, a ring store: that one goes out from registers, after the
         // older row's read.
         const float* first_row = c.kv_score + (int64_t)start * c.kv_row_stride;
+        float* ring_s = 0;
+        if (PREV_LATE && own2 && !has_prev) {
+            int64_t row_s;
+            int64_t blk_s = kv_page_row(slot_s, cap, c.ring_shift, &row_s);
+            if (blk_s >= c.ring_blocks) {
+                kv_team_count(c.counters, KV_COUNT_SLOT, tl);
+            } else {
+                ring_s = c.ring + blk_s * c.ring_block_stride + row_s * c.ring_row_stride;
+            }
+        }
         KvRowPart<16 / TEAM> o, nw;
         kv_load_row_part<TEAM>(own2 ? first_row + c.kv_row_stride : first_row, tl, &nw);
         if (older || own2) kv_load_row_part<TEAM>(own2 ? first_row : older, tl, &o);
@@ -646,7 +678,11 @@ KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertPara
         }
         // The second row is the ring loop's only token (end = start + 2);
         // it goes out from registers too.
-        if (own2 && !has_prev) kv_ring_store_part<TEAM>(c, slot_s, tl, nw);
+        if (PREV_LATE) {
+            if (ring_s) kv_store_row_part<TEAM>(ring_s, tl, nw);
+        } else if (own2 && !has_prev) {
+            kv_ring_store_part<TEAM>(c, slot_s, tl, nw);
+        }
         // Group 0 goes on alone; the other groups are done with the pooling.
         if (older || own2) {
             kv_pool_norm_emit<FUSED, LAYOUT, TEAM, WIDE, TEAM_NORM>(c, ins, start + (own2 ? 1 : 0), pos, tl, o, nw,
@@ -752,7 +788,7 @@ KV_DEVICE bool kv_cr2_pool_closing(const KvCompressParams& c, const KvInsertPara
 // EARLY (long chunks): the pooling starts from the tests before the
 // chunk's, whose bounds arrive meanwhile and gate the emission
 // (kv_cr2_token_item's EARLY CHECK).
-template <bool FUSED, int LAYOUT, int TEAM, bool OWN2, bool EARLY = false>
+template <bool FUSED, int LAYOUT, int TEAM, bool OWN2, bool EARLY = false, bool INV_FIRST = false>
 KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParams* ins, int64_t b, KvTeamLane tl,
                                   float* pooled) {
     int64_t* closing = (int64_t*)(pooled + TEAM * 512);
@@ -772,7 +808,7 @@ KV_DEVICE void kv_cr2_token_block(const KvCompressParams& c, const KvInsertParam
     if (EARLY && pending.open && !kv_cr2_chunk_owns(c, t, pending, own)) return;
     float v[16];
     kv_loadNf<16>(pooled + 512u * tl.g + 16u * tl.l, v);
-    kv_norm_emit<FUSED, LAYOUT>(c, ins, t, pos, tl.l, v);
+    kv_norm_emit<FUSED, LAYOUT, false, INV_FIRST>(c, ins, t, pos, tl.l, v);
 }
 
 // A token block of a swept team launch (KV_F_SWEEP_TOKENS: decode batches
@@ -874,10 +910,11 @@ KV_DEVICE unsigned kv_spread_item(const KvCompressParams& c) {
 template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false, bool SWEEP = false, bool EARLY = false,
           bool SPREAD = false>
 KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
-    // The long-chunk teams norm over the whole team (kv_team_norm_store); the
+    // The long-chunk teams and the spread kernel norm over the whole team
+    // (kv_team_norm_store; the spread kernel to fit 40 registers); the other
     // decode teams, whose one-token launches it slowed, keep group 0's norm
     // (docs/tuning.md, "The norm over the whole team").
-    constexpr bool TEAM_NORM = EARLY && !FUSED && TEAM == KV_CR2_TEAM;
+    constexpr bool TEAM_NORM = (EARLY || SPREAD) && !FUSED && TEAM == KV_CR2_TEAM;
     float* pooled = kv_team_shared;
     int64_t item = kv_bid();
     if constexpr (SPREAD) {
@@ -890,7 +927,7 @@ KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertPar
     } else if (SWEEP && (c.flags & KV_F_SWEEP_TOKENS)) {
         kv_cr2_token_sweep<FUSED, LAYOUT, TEAM, OWN2>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (c.flags & KV_F_SCREEN_TOKENS) {
-        kv_cr2_token_block<FUSED, LAYOUT, TEAM, OWN2, EARLY>(c, ins, item - c.num_reqs, tl, pooled);
+        kv_cr2_token_block<FUSED, LAYOUT, TEAM, OWN2, EARLY, SPREAD>(c, ins, item - c.num_reqs, tl, pooled);
     } else if (EARLY && (c.flags & KV_F_TWO_TOKENS)) {
         if constexpr (EARLY) {
             static_assert(!FUSED, "the plain compressor's long chunks only");
