@@ -71,11 +71,11 @@ pub const CR2_SCREEN_MIN_ITEMS_MULTI: u64 = 1536;
 pub const CR2_SCREEN_MIN_ITEMS: u64 = 512;
 /// Screened plain multi-token team launches of at least this many items run
 /// `kv_compress_cr2_team_mtp_spread`, whose token blocks run in runs among
-/// the request blocks instead of after them all. Provisional: token blocks
-/// spread one by one took two-token requests 5.7 % faster at 65,536 tokens
-/// (98,304 items) and 2.7 % at 16,384 (24,576), but 1.4 % slower at 8192
-/// (H200, 2026-12-05, docs/tuning.md, "Where the screened token blocks
-/// run"); the runs are to be measured.
+/// the request blocks instead of after them all. Measured on the H200
+/// (2026-12-05, docs/tuning.md, "Where the screened token blocks run"):
+/// two-token requests 5.6 % faster at 16,384 tokens (24,576 items) and
+/// 9.1 % at 65,536; below, spreading lost (token blocks one at a time 1.4 %
+/// slower at 8192 tokens; in runs of 16-256, 16-20 % slower at 4096).
 pub const CR2_SPREAD_MIN_ITEMS: u64 = 24_576;
 
 /// How a CR2 launch spreads an item (a request's first group, or a token's)
