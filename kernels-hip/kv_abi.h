@@ -204,7 +204,7 @@ struct KvGatherParams {
     X(kv_compress_cr2_long, KvCompressParams)          \
     X(kv_compress_cr2_team_mtp, KvCompressParams)      \
     X(kv_compress_cr2_pair_mtp, KvCompressParams)      \
-    X(kv_compress_cr2_team_mtp_spread, KvCompressParams) \
+    X(kv_compress_cr2_pair_mtp_spread, KvCompressParams) \
     X(kv_compress_cr2_team_swept, KvCompressParams)    \
     X(kv_compress_cr2_pair_swept, KvCompressParams)    \
     X(kv_compress_cr2_team_chunks, KvCompressParams)   \

@@ -195,8 +195,9 @@ KV_DEVICE void kv_pool_part(const KvRowPart<N>& older, const KvRowPart<N>& newer
 // and the weights (1 KB, shared by every token) come from cache. (Issuing
 // them, and the insert's slot, with the rows' reads was no faster:
 // docs/tuning.md, Kernels.) INV_FIRST: the weights after the inverse, so
-// that they are not live across its slow-path calls (the spread kernel at
-// 40 registers).
+// that they are not live across its slow-path calls (the spread kernel's
+// token blocks: it fit a team kernel in 40 registers, and the pair kernel
+// that replaced it was measured with it).
 template <bool FUSED, int LAYOUT, bool WIDE = false, bool INV_FIRST = false>
 KV_DEVICE void kv_norm_emit(const KvCompressParams& c, const KvInsertParams* ins, int64_t t, int64_t pos,
                             unsigned lane, const float v[16]) {
@@ -543,9 +544,10 @@ KV_DEVICE void kv_ring_store_two(const KvCompressParams& c, int32_t u, int64_t s
 // and their rows with the pooled group's (kv_ring_store_two), where each
 // token's store waited for its slot and then its row. PREV_LATE: the
 // KV_F_HAS_PREV test is made again at the ring loop instead of kept across
-// the emission (kv_compress_cr2_team_mtp_spread spilled it at 48 registers),
-// and the second token's ring row is found before the rows' loads, not
-// after the first row's store (the kernel fits 40 registers on sm_90).
+// the emission, and the second token's ring row is found before the rows'
+// loads, not after the first row's store: the spread kernel's (they fit a
+// team kernel in 40 registers on sm_90; the pair kernel that replaced it
+// was measured with them).
 template <bool FUSED, int LAYOUT, int TEAM, bool HALVES = false, bool OWN2 = false, bool WIDE = false,
           bool EARLY = false, bool TEAM_NORM = false, bool PREV_LATE = false>
 KV_DEVICE void kv_cr2_request_item(const KvCompressParams& c, const KvInsertParams* ins, int64_t r, KvTeamLane tl,
@@ -866,7 +868,7 @@ KV_DEVICE void kv_cr2_token_sweep(const KvCompressParams& c, const KvInsertParam
 #define KV_CR2_SPREAD_RUN 64u
 
 // The item of block kv_bid() in a spread launch of TEAM-token blocks
-// (kv_compress_cr2_team_mtp_spread). The items keep their numbers (the
+// (kv_compress_cr2_pair_mtp_spread). The items keep their numbers (the
 // requests, then the token blocks), but the grid is laid out as frames, one
 // per run of KV_CR2_SPREAD_RUN token blocks (the last one shorter): each
 // frame is its share of the request blocks (p or, in the first ones, p + 1)
@@ -910,11 +912,10 @@ KV_DEVICE unsigned kv_spread_item(const KvCompressParams& c) {
 template <bool FUSED, int LAYOUT, int TEAM, bool OWN2 = false, bool SWEEP = false, bool EARLY = false,
           bool SPREAD = false>
 KV_DEVICE void kv_compress_cr2_team(const KvCompressParams& c, const KvInsertParams* ins) {
-    // The long-chunk teams and the spread kernel norm over the whole team
-    // (kv_team_norm_store; the spread kernel to fit 40 registers); the other
-    // decode teams, whose one-token launches it slowed, keep group 0's norm
-    // (docs/tuning.md, "The norm over the whole team").
-    constexpr bool TEAM_NORM = (EARLY || SPREAD) && !FUSED && TEAM == KV_CR2_TEAM;
+    // The long-chunk teams norm over the whole team (kv_team_norm_store);
+    // the decode teams, whose one-token launches it slowed, keep group 0's
+    // norm (docs/tuning.md, "The norm over the whole team").
+    constexpr bool TEAM_NORM = EARLY && !FUSED && TEAM == KV_CR2_TEAM;
     float* pooled = kv_team_shared;
     int64_t item = kv_bid();
     if constexpr (SPREAD) {

@@ -39,12 +39,13 @@ KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair_mtp(co
     kv_compress_cr2_team<false, 0, KV_CR2_PAIR, true>(c, 0);
 }
 
-// The same for large screened launches (LaunchPolicy::cr2_shape), its
-// token blocks spread in runs among the request blocks (kv_spread_item).
-// A kernel of its own, so that smaller launches keep the measured code;
-// twelve blocks per SM on sm_90, its request items norming over the team.
-KV_KERNEL KV_LAUNCH_BOUNDS_12(KV_CR2_TEAM * 32) void kv_compress_cr2_team_mtp_spread(const KvCompressParams c) {
-    kv_compress_cr2_team<false, 0, KV_CR2_TEAM, true, false, false, true>(c, 0);
+// Large screened launches of these (LaunchPolicy::cr2_shape) run in pairs,
+// their token blocks spread in runs among the request blocks
+// (kv_spread_item). A kernel of its own, so that smaller launches keep the
+// measured code; pairs ran faster than teams here (docs/tuning.md, "Where
+// the screened token blocks run").
+KV_KERNEL KV_LAUNCH_BOUNDS_16(KV_CR2_PAIR * 32) void kv_compress_cr2_pair_mtp_spread(const KvCompressParams c) {
+    kv_compress_cr2_team<false, 0, KV_CR2_PAIR, true, false, false, true>(c, 0);
 }
 
 // Screened plain compresses of no more tokens than requests (one-token

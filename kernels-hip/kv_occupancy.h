@@ -48,13 +48,6 @@
 // nine blocks, 1024 one-token requests (1280 screened blocks) need a
 // second wave on the H200's 132 SMs.
 #define KV_LAUNCH_BOUNDS_10(n) KV_BOUNDS(n, 10, 10)
-// Twelve team blocks per SM on sm_90, at most 40 registers: the spread
-// multi-token kernel of large two-token launches, which norms over the
-// whole team and finds the weights after the inverse to fit (its request
-// items' latency wants the groups in flight; docs/tuning.md, "Where the
-// screened token blocks run"). sm_100's compiler spills it at 40, so it
-// keeps ten there.
-#define KV_LAUNCH_BOUNDS_12(n) KV_BOUNDS(n, 12, 10)
 // Sixteen pair blocks (of 64) per SM, at most 64 registers: the CR2 pair
 // kernels. Only the fused NVFP4 one takes more when free (70: fourteen
 // blocks); at 64 it does not spill, and runs faster. sm_100's compiler

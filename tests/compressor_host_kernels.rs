@@ -336,8 +336,9 @@ fn host_built_f16_decode_is_the_reference_on_every_code() {
     }
 }
 
-/// The block order of `kv_compress_cr2_team_mtp_spread` (`kv_spread_item`,
-/// host-built), over the grid the launch gives a screened team launch:
+/// The block order of `kv_compress_cr2_pair_mtp_spread` (`kv_spread_item`,
+/// host-built), over the grid the launch gives a screened launch of pairs
+/// (and of teams, which the layout serves alike):
 /// every item (the requests, then the token blocks) gets exactly one block;
 /// the requests and the token blocks each keep their order; and the grid is
 /// frames, one per run of `KV_CR2_SPREAD_RUN` token blocks (the last one
@@ -346,7 +347,7 @@ fn host_built_f16_decode_is_the_reference_on_every_code() {
 /// run.
 #[test]
 fn spread_launches_give_every_item_one_block_and_the_token_blocks_runs_among_the_requests() {
-    use dsv4_kvcache::kernel_abi::{TokenBlocks, CR2_TEAM_GROUPS};
+    use dsv4_kvcache::kernel_abi::{TokenBlocks, CR2_PAIR_GROUPS, CR2_TEAM_GROUPS};
     use dsv4_kvcache::launch::screened_team_geometry;
     let exe = match host_kernels::build("spread_host.cpp", &[]) {
         Ok(e) => e,
@@ -376,23 +377,33 @@ fn spread_launches_give_every_item_one_block_and_the_token_blocks_runs_among_the
         (2048, 2048), // more requests than token blocks' frames
         (4 * 257 + 3, 7),
     ];
-    for (n, reqs) in shapes {
-        let grid =
-            screened_team_geometry(n, reqs, CR2_TEAM_GROUPS, TokenBlocks::Screened).grid as u64;
-        let b = n.div_ceil(CR2_TEAM_GROUPS as u64);
+    let cases = [CR2_PAIR_GROUPS, CR2_TEAM_GROUPS]
+        .into_iter()
+        .flat_map(|g| shapes.map(|(n, reqs)| (g, n, reqs)));
+    for (groups, n, reqs) in cases {
+        let grid = screened_team_geometry(n, reqs, groups, TokenBlocks::Screened).grid as u64;
+        let b = n.div_ceil(groups as u64);
         assert_eq!(grid, (reqs + b).max(1), "n {n}, {reqs} requests");
         let out = std::process::Command::new(&exe)
-            .args([n.to_string(), reqs.to_string(), grid.to_string()])
+            .args([
+                groups.to_string(),
+                n.to_string(),
+                reqs.to_string(),
+                grid.to_string(),
+            ])
             .output()
             .expect("the host program runs");
-        assert!(out.status.success(), "n {n}, {reqs} requests");
+        assert!(
+            out.status.success(),
+            "{groups} groups, n {n}, {reqs} requests"
+        );
         let items: Vec<u64> = out
             .stdout
             .chunks_exact(4)
             .map(|w| u32::from_le_bytes(w.try_into().unwrap()) as u64)
             .collect();
         assert_eq!(items.len() as u64, grid);
-        let ctx = format!("n {n}, {reqs} requests, blocks {items:?}");
+        let ctx = format!("{groups} groups, n {n}, {reqs} requests, blocks {items:?}");
         let mut sorted = items.clone();
         sorted.sort_unstable();
         assert!(

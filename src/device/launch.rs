@@ -69,9 +69,9 @@ pub const CR2_SCREEN_MIN_ITEMS_MULTI: u64 = 1536;
 /// Decode batches of mostly one-token requests screen their tokens from this
 /// many items on: their token items mostly pool nothing.
 pub const CR2_SCREEN_MIN_ITEMS: u64 = 512;
-/// Screened plain multi-token team launches of at least this many items run
-/// `kv_compress_cr2_team_mtp_spread`, whose token blocks run in runs among
-/// the request blocks instead of after them all. Measured on the H200
+/// Screened plain multi-token launches of at least this many items run in
+/// pairs, `kv_compress_cr2_pair_mtp_spread`, whose token blocks run in runs
+/// among the request blocks instead of after them all. Measured on the H200
 /// (2026-12-05, docs/tuning.md, "Where the screened token blocks run"):
 /// two-token requests 5.6 % faster at 16,384 tokens (24,576 items) and
 /// 9.1 % at 65,536; below, spreading lost (token blocks one at a time 1.4 %
@@ -113,8 +113,8 @@ pub struct Cr2Shape {
     /// `kv_compress_cr2_team_chunks` (a token reads its rows with its
     /// chunk's bounds: nearly every odd position closes a group there).
     pub long_chunks: bool,
-    /// A screened plain multi-token team launch whose token blocks run in
-    /// runs among the request blocks (`kv_compress_cr2_team_mtp_spread`).
+    /// A screened plain multi-token launch in pairs whose token blocks run
+    /// in runs among the request blocks (`kv_compress_cr2_pair_mtp_spread`).
     pub spread: bool,
 }
 
@@ -143,8 +143,9 @@ pub struct LaunchPolicy {
     /// The 32-register CR1 inserts of large launches (where the layout has
     /// one: V4, MXFP8).
     pub insert_large: Option<bool>,
-    /// The multi-token team kernel with its token blocks spread among the
-    /// request blocks, in screened plain compresses.
+    /// The multi-token pair kernel with its token blocks spread among the
+    /// request blocks, in screened plain compresses (unless teams are
+    /// forced).
     pub cr2_spread: Option<bool>,
     /// Two rows per group in `gather_dequant` launches (else a row a group:
     /// measured faster at every size, docs/tuning.md).
@@ -184,7 +185,7 @@ impl LaunchPolicy {
     /// cases, labelled with the environment that builds each: the measured
     /// heuristics (CR2 in teams, a token per group for CR1 inserts), lone
     /// groups, pairs, lone groups by halves, screened teams, screened pairs,
-    /// tile-major and large-launch inserts with screened, spread CR2 teams and gathers of a row per group, and blocks of 8
+    /// tile-major and large-launch inserts with screened, spread CR2 pairs and gathers of a row per group, and blocks of 8
     /// groups with tile-major inserts, lone CR2 groups and gathers of two
     /// rows per group (so both gather shapes run at every size).
     pub const MAPPINGS: [(&'static str, LaunchPolicy); 8] = {
@@ -383,15 +384,18 @@ impl LaunchPolicy {
         };
         let multi_token =
             screened && !one_token && !long_chunks && (shape == Cr2Items::Teams || !fused);
+        // Spread launches run in pairs (measured faster than teams there);
+        // forced teams keep their unspread kernel.
+        let spread = multi_token
+            && !fused
+            && self.cr2_items != Some(Cr2Items::Teams)
+            && self.cr2_spread.unwrap_or(items >= CR2_SPREAD_MIN_ITEMS);
         Cr2Shape {
-            items: shape,
+            items: if spread { Cr2Items::Pairs } else { shape },
             tokens,
             multi_token,
             long_chunks,
-            spread: multi_token
-                && !fused
-                && shape == Cr2Items::Teams
-                && self.cr2_spread.unwrap_or(items >= CR2_SPREAD_MIN_ITEMS),
+            spread,
         }
     }
 
@@ -561,10 +565,10 @@ fn compress_cr2_kernel(compress_ratio: u32, shape: Cr2Shape) -> Kernel {
     match (shape.items, shape.multi_token, shape.tokens) {
         (Cr2Items::Lone, _, _) => compress_kernel(compress_ratio),
         (Cr2Items::Teams, _, _) if shape.long_chunks => Kernel::CompressCr2TeamChunks,
-        (Cr2Items::Teams, true, _) if shape.spread => Kernel::CompressCr2TeamMtpSpread,
         (Cr2Items::Teams, true, _) => Kernel::CompressCr2TeamMtp,
         (Cr2Items::Teams, false, TokenBlocks::Swept) => Kernel::CompressCr2TeamSwept,
         (Cr2Items::Teams, false, _) => Kernel::CompressCr2Team,
+        (Cr2Items::Pairs, true, _) if shape.spread => Kernel::CompressCr2PairMtpSpread,
         (Cr2Items::Pairs, true, _) => Kernel::CompressCr2PairMtp,
         (Cr2Items::Pairs, false, TokenBlocks::Swept) => Kernel::CompressCr2PairSwept,
         (Cr2Items::Pairs, false, _) => Kernel::CompressCr2Pair,
@@ -921,12 +925,22 @@ mod tests {
         let at = |items: u64| items / 3 * 2; // tokens of `items` items
         let s = two(&M, at(CR2_SPREAD_MIN_ITEMS), false);
         assert!(s.multi_token && s.spread && s.tokens == TokenBlocks::Screened);
-        assert_eq!(compress_cr2_kernel(2, s), Kernel::CompressCr2TeamMtpSpread);
+        assert_eq!(s.items, Cr2Items::Pairs);
+        assert_eq!(compress_cr2_kernel(2, s), Kernel::CompressCr2PairMtpSpread);
         let s = two(&M, at(CR2_SPREAD_MIN_ITEMS) - 2, false);
         assert!(s.multi_token && !s.spread);
+        assert_eq!(s.items, Cr2Items::Teams);
         assert_eq!(compress_cr2_kernel(2, s), Kernel::CompressCr2TeamMtp);
-        // Fused launches, one-token decode (swept), long chunks and pairs
-        // never spread, forced or not; forced off, nothing spreads.
+        // Forced pairs spread too; forced teams never do.
+        let pairs = LaunchPolicy {
+            cr2_items: Some(Cr2Items::Pairs),
+            ..M
+        };
+        let s = two(&pairs, 1 << 17, false);
+        assert!(s.spread && s.items == Cr2Items::Pairs);
+        assert!(!two(&pairs, at(CR2_SPREAD_MIN_ITEMS) - 2, false).spread);
+        // Fused launches, one-token decode (swept), long chunks and forced
+        // teams never spread, forced or not; forced off, nothing spreads.
         let on = LaunchPolicy {
             cr2_spread: Some(true),
             ..M
@@ -939,15 +953,17 @@ mod tests {
             assert!(!two(&pol, 1 << 17, true).spread);
             assert!(!pol.cr2_shape(1 << 17, 1 << 17, false).spread);
             assert!(!pol.cr2_shape(1 << 17, 4, false).spread);
-            let pairs = LaunchPolicy {
-                cr2_items: Some(Cr2Items::Pairs),
+            let teams = LaunchPolicy {
+                cr2_items: Some(Cr2Items::Teams),
                 ..pol
             };
-            assert!(!two(&pairs, 1 << 17, false).spread);
+            let s = two(&teams, 1 << 17, false);
+            assert!(!s.spread && s.items == Cr2Items::Teams);
+            assert_eq!(compress_cr2_kernel(2, s), Kernel::CompressCr2TeamMtp);
         }
         assert!(!two(&off, 1 << 17, false).spread);
-        // Forced on, a screened multi-token team launch spreads at any size;
-        // an unscreened one has no token blocks to spread.
+        // Forced on, a screened multi-token launch spreads (in pairs) at any
+        // size; an unscreened one has no token blocks to spread.
         let screened_on = LaunchPolicy {
             cr2_screen: Some(true),
             ..on
@@ -1086,10 +1102,14 @@ mod tests {
             assert_eq!(one_token(1 << 16), Pairs);
             assert_eq!(items(5000, 4000), Pairs);
             // Other decode batches (half the tokens start a chunk): teams
-            // at every size.
+            // at every size, but the plain compressor's spread launches
+            // (from CR2_SPREAD_MIN_ITEMS items), which run pairs.
             assert_eq!(items(4000, 2000), Teams);
             assert_eq!(items(8000, 4000), Teams);
-            assert_eq!(items(1 << 16, 1 << 15), Teams);
+            assert_eq!(items(16382, 8191), Teams);
+            let spread = if fused { Teams } else { Pairs };
+            assert_eq!(items(16384, 8192), spread);
+            assert_eq!(items(1 << 16, 1 << 15), spread);
             // Long chunks: teams up to their limit, then (fused) lone
             // groups, then lone groups by halves; never pairs.
             assert_eq!(items(16, 4), Teams);
