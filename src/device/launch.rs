@@ -73,9 +73,10 @@ pub const CR2_SCREEN_MIN_ITEMS: u64 = 512;
 /// pairs, `kv_compress_cr2_pair_mtp_spread`, whose token blocks run in runs
 /// among the request blocks instead of after them all. Measured on the H200
 /// (2026-12-05, docs/tuning.md, "Where the screened token blocks run"):
-/// two-token requests 5.6 % faster at 16,384 tokens (24,576 items) and
-/// 9.1 % at 65,536; below, spreading lost (token blocks one at a time 1.4 %
-/// slower at 8192 tokens; in runs of 16-256, 16-20 % slower at 4096).
+/// two-token requests at 16,384 tokens (24,576 items) 41.23 µs unspread,
+/// 38.92 spread in teams, 38.76 in pairs; at 65,536 160.53, 145.90 and
+/// 141.87. Below, spreading lost (token blocks one at a time 1.4 % slower
+/// at 8192 tokens; in runs of 16-256, 16-20 % slower at 4096).
 pub const CR2_SPREAD_MIN_ITEMS: u64 = 24_576;
 
 /// How a CR2 launch spreads an item (a request's first group, or a token's)
