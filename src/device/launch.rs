@@ -186,9 +186,10 @@ impl LaunchPolicy {
     /// cases, labelled with the environment that builds each: the measured
     /// heuristics (CR2 in teams, a token per group for CR1 inserts), lone
     /// groups, pairs, lone groups by halves, screened teams, screened pairs,
-    /// tile-major and large-launch inserts with screened, spread CR2 pairs and gathers of a row per group, and blocks of 8
-    /// groups with tile-major inserts, lone CR2 groups and gathers of two
-    /// rows per group (so both gather shapes run at every size).
+    /// tile-major and large-launch inserts with screened, spread CR2 pairs
+    /// and gathers of a row per group, and blocks of 8 groups with
+    /// tile-major inserts, lone CR2 groups and gathers of two rows per group
+    /// (so both gather shapes run at every size).
     pub const MAPPINGS: [(&'static str, LaunchPolicy); 8] = {
         let m = LaunchPolicy::MEASURED;
         [
