@@ -162,6 +162,10 @@ struct KvGatherParams {
 #define KV_F_W_F32 32768u
 // Bits 12..14: log2 of the groups in a block (the host picks the block size).
 #define KV_F_GROUPS_LOG2_SHIFT 12u
+// KvInsertParams: the 528 and 288 B records in vLLM 0.34.0's per-token order
+// (each record's scales right after its values) instead of the seed's
+// page-planar order (kv_record_at); 584 B records are page-planar only.
+#define KV_F_PER_TOKEN 262144u
 
 // KvGatherParams.flags (bits 12..14 hold the groups per block, as above).
 #define KV_GF_BLOCK_TABLE 1u
@@ -172,6 +176,8 @@ struct KvGatherParams {
 #define KV_GF_HAS_STARTS 32u
 // Each group gathers two consecutive output rows.
 #define KV_GF_TWO_ROWS 64u
+// The paged records are in the per-token order (KV_F_PER_TOKEN).
+#define KV_GF_PER_TOKEN 128u
 
 #define KV_LAYOUT_V4 0
 #define KV_LAYOUT_MXFP8 1

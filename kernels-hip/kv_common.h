@@ -65,6 +65,22 @@ KV_DEVICE int64_t kv_page_row(int64_t slot, int32_t rows, int32_t shift, int64_t
     return kv_divmod(slot, rows, row);
 }
 
+// The value bytes (V of them) and scale bytes (S) of the paged record in
+// row `row` of `page`, a page of `rows` records: the seed's page-planar
+// order (the page's values, then its scales), or with per_token each record
+// whole, its scales after its values (vLLM 0.34.0's order). per_token is the
+// launch's flag, so the choice never diverges.
+template <int V, int S, typename T>
+KV_DEVICE void kv_record_at(T* page, int64_t row, int32_t rows, bool per_token, T** values, T** scales) {
+    if (per_token) {
+        *values = page + row * (V + S);
+        *scales = *values + V;
+    } else {
+        *values = page + row * V;
+        *scales = page + (int64_t)rows * V + row * S;
+    }
+}
+
 KV_DEVICE void kv_count(unsigned* counters, int which, unsigned lane) {
     if (lane == 0u) kv_atomic_add_u32(counters + which, 1u);
 }

@@ -515,8 +515,10 @@ KV_DEVICE void kv_gather(const KvGatherParams& p) {
         else
             ok[r] = (r == 0 || two) && o < p.n && kv_gather_locate(p, o, lane, &block, &row);
         const uint8_t* page = p.cache + block * p.block_stride;
-        values[r] = PAGED ? page + row * V : page + row * p.row_stride;
-        scales[r] = page + (int64_t)p.block_size * V + row * S;
+        // V4 records are page-planar only (RecordOrder::PerToken).
+        const bool per_token = LAYOUT != KV_LAYOUT_V4 && (p.flags & KV_GF_PER_TOKEN) != 0u;
+        kv_record_at<V, S>(page, row, p.block_size, per_token, &values[r], &scales[r]);
+        if (!PAGED) values[r] = page + row * p.row_stride;
     }
 
     // 16-byte units: 8 BF16 or 4 F32 elements.

@@ -357,24 +357,29 @@ KV_DEVICE uint32_t kv_v4_rope_word(const KvInsertParams& p, int64_t base, unsign
     return kv_bf16x2_from_f32(kv_sanitized(re, sanitize), kv_sanitized(ro, sanitize));
 }
 
+// Whether the launch writes the paged records in the per-token order.
+KV_DEVICE bool kv_per_token(const KvInsertParams& p) {
+    return (p.flags & KV_F_PER_TOKEN) != 0u;
+}
+
 // Stores an NVFP4 tile's 8 bytes and its scale byte into slot's record.
 KV_DEVICE void kv_store_nvfp4_tile(const KvInsertParams& p, int64_t slot, unsigned tile, const uint32_t q[2],
                                    uint8_t sb) {
     int64_t row;
     int64_t block = kv_page_row(slot, p.block_size, p.block_shift, &row);
-    uint8_t* page = p.cache + block * p.block_stride;
+    uint8_t *values, *scales;
+    kv_record_at<256, 32>(p.cache + block * p.block_stride, row, p.block_size, kv_per_token(p), &values, &scales);
     kv_u32x2 w;
     w.x = q[0];
     w.y = q[1];
-    *(kv_u32x2*)(page + row * 256 + 8 * tile) = w;
-    page[p.block_size * 256 + row * 32 + tile] = sb;
+    *(kv_u32x2*)(values + 8 * tile) = w;
+    scales[tile] = sb;
 }
 
 // An MXFP8 record's codes and scales in its page (row `row` of
 // `page`).
 KV_DEVICE void kv_mxfp8_row(const KvInsertParams& p, uint8_t* page, int64_t row, uint8_t** values, uint8_t** scales) {
-    *values = page + row * 512;
-    *scales = page + p.block_size * 512 + row * 16;
+    kv_record_at<512, 16>(page, row, p.block_size, kv_per_token(p), values, scales);
 }
 
 // Writes token's record from its BF16 latent: the 16 dims of tile `tile`
@@ -440,6 +445,7 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
     }
 
     if (LAYOUT == KV_LAYOUT_V4) {
+        // Page-planar only (RecordOrder: a 584 B record is 8-byte aligned).
         uint8_t* values = page + row * 576;
         uint8_t* scales = page + p.block_size * 576 + row * 8;
         // RoPE part: one GPT-J pair per lane (pair 224 + lane, dims
@@ -477,8 +483,8 @@ KV_DEVICE void kv_write_record(const KvInsertParams& p, int64_t slot, int64_t ba
         kv_store16w(values + 16 * tile, q);
         if ((tile & 1u) == 0u) scales[tile / 2u] = sb;
     } else if (LAYOUT == KV_LAYOUT_NVFP4) {
-        uint8_t* values = page + row * 256;
-        uint8_t* scales = page + p.block_size * 256 + row * 32;
+        uint8_t *values, *scales;
+        kv_record_at<256, 32>(page, row, p.block_size, kv_per_token(p), &values, &scales);
         // No sanitizing pass: it cannot change an NVFP4 byte. A NaN and the
         // +0 it would become both give code 0 and both leave the tile's
         // NaN-ignoring amax alone (an all-NaN tile and an all-zero one both

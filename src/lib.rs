@@ -60,6 +60,6 @@ pub use backend::Backend;
 pub use error::{Error, IndexValues, Result, Rows, Touched, TouchedRows};
 pub use gather::{GatherArgs, GatherIndex};
 pub use launch::LaunchPolicy;
-pub use layout::RecordLayout;
+pub use layout::{RecordLayout, RecordOrder};
 pub use ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};
 pub use tensor::{DType, Tensor, TensorDesc, TensorMut};

@@ -30,14 +30,18 @@ fn bench_only_keeps_the_named_rows() {
     ]);
     assert_eq!(code, 0, "{text}");
     let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("| ")).collect();
-    // The header and the one insert row of the main table, and the fused
-    // table's header only.
+    // The header and the insert rows of the main table (the page-planar
+    // and the per-token order), and the fused table's header only.
     let data: Vec<&&str> = rows
         .iter()
         .filter(|l| !l.starts_with("| op") && !l.starts_with("| case") && !l.starts_with("| ---"))
         .collect();
-    assert_eq!(data.len(), 1, "{text}");
+    assert_eq!(data.len(), 2, "{text}");
     assert!(data[0].starts_with("| insert nvfp4 | 1 |"), "{text}");
+    assert!(
+        data[1].starts_with("| insert nvfp4 per_token | 1 |"),
+        "{text}"
+    );
     let host: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("  ") && l.contains("µs (N ="))
@@ -101,5 +105,78 @@ fn soak_rejects_bad_options() {
     ] {
         let (code, out) = run(args);
         assert_eq!(code, 2, "{args:?}: {out}");
+    }
+}
+
+#[test]
+fn capture_and_verify_in_the_per_token_order() {
+    // A per-token vector file written by the reference replays on the CPU
+    // backend byte for byte, and says its order in its metadata.
+    let dir = std::env::temp_dir().join(format!("dsv4-order-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (op, layout) in [
+        ("rope_quant_insert", "mxfp8"),
+        ("fused_compress_insert", "nvfp4"),
+        ("gather_dequant", "nvfp4"),
+    ] {
+        let path = dir.join(format!("{op}-{layout}.safetensors"));
+        let path = path.to_str().expect("utf-8 path");
+        // The reader's cache holds records the writer made (--written).
+        let written: &[&str] = if op == "gather_dequant" {
+            &["--written"]
+        } else {
+            &[]
+        };
+        let (code, text) = run(&[
+            &[
+                "capture",
+                "--op",
+                op,
+                "--layout",
+                layout,
+                "--cr",
+                "2",
+                "--tokens",
+                "40",
+                "--record-order",
+                "per_token",
+                "--out",
+                path,
+            ],
+            written,
+        ]
+        .concat());
+        assert_eq!(code, 0, "{text}");
+        let f = dsv4_kvcache::vectors::VectorFile::load(path).expect("the file loads");
+        assert_eq!(
+            f.record_order().expect("valid metadata"),
+            dsv4_kvcache::RecordOrder::PerToken
+        );
+        let (code, text) = run(&["verify", path, "--backend", "cpu"]);
+        assert_eq!(code, 0, "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_record_order_is_a_usage_error() {
+    for cmd in [
+        &["demo"][..],
+        &["soak"],
+        &[
+            "capture",
+            "--op",
+            "rope_quant_insert",
+            "--out",
+            "unused.safetensors",
+        ],
+    ] {
+        let cmd = [cmd, &["--record-order", "tokenwise"]].concat();
+        let (code, text) = run(&cmd);
+        assert_eq!(code, 2, "{cmd:?}: {text}");
+        assert!(
+            text.contains("--record-order \"tokenwise\""),
+            "{cmd:?}: {text}"
+        );
     }
 }

@@ -130,6 +130,7 @@ fn plan_of(case: &Case) -> Plan {
                 kv_cache: TensorMut::new(&mut cache, desc(&case.kv_cache)),
                 cache_slot_mapping: need(view(10, &case.cache_slot_mapping)),
                 fp8_scale: view(13, &case.fp8_scale),
+                record_order: case.kind.record_order,
             })
             .unwrap_or_else(|e| valid(e)),
         ),

@@ -17,6 +17,7 @@
 
 use dsv4_kvcache::backend::cuda::{CudaBackend, RawDevice};
 use dsv4_kvcache::formats::bf16_from_f32;
+use dsv4_kvcache::RecordOrder;
 use dsv4_kvcache::{
     Backend, CompressArgs, CpuBackend, DType, Error, InsertArgs, RecordLayout, Result, SkipCounts,
     Tensor, TensorDesc, TensorMut,
@@ -230,6 +231,7 @@ fn insert_args<S>(x: &mut Bufs<S>) -> InsertArgs<'_, S> {
         slot_mapping: Tensor::new(&x.cache_slots, desc(DType::I32, &[N])),
         compress_ratio: 2,
         fp8_scale: None,
+        record_order: RecordOrder::PagePlanar,
     }
 }
 

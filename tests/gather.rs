@@ -12,6 +12,7 @@ use common::error_arg;
 use dsv4_kvcache::formats::{bf16_from_f32, f32_canonical};
 use dsv4_kvcache::layout::{decode_record, DIM};
 use dsv4_kvcache::ops::SkipCounts;
+use dsv4_kvcache::RecordOrder;
 use dsv4_kvcache::{
     Backend, CpuBackend, DType, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc,
     TensorMut,
@@ -208,33 +209,40 @@ fn every_code_with_every_scale() {
     }
 }
 
-/// decode(insert(x)) for every layout, both outputs, many latents.
+/// decode(insert(x)) for every layout in both record orders, both outputs,
+/// many latents.
 #[test]
 fn inserted_records_read_back_as_the_decoders_say() {
     let cpu = CpuBackend::new();
     for (k, layout) in RecordLayout::ALL.into_iter().enumerate() {
-        let mut rng = Rng::new(100 + k as u64);
-        let desc = cache_desc(layout, 16, 16, 1, false);
-        let cache = fill_cache(&mut rng, layout, &desc, Fill::Inserted);
-        for out_f32 in [false, true] {
-            let case = Case {
-                label: format!("{} inserted, F32 {out_f32}", layout.name()),
-                layout,
-                blocks: 16,
-                block_size: 16,
-                cache_desc: desc,
-                cache: cache.clone(),
-                fp8_scale: (layout == RecordLayout::Fp8Rows).then_some(0.75),
-                form: Form::Slots {
-                    slots: (0..256).map(|i| (i * 37 % 256) as i64).collect(),
-                    i64: true,
-                },
-                out_f32,
-                out_rows: 256,
-                out_row_stride: DIM + 8,
-                out_offset: 32,
-            };
-            check(&case, &case.run(&cpu).unwrap());
+        for order in RecordOrder::ALL {
+            if order == RecordOrder::PerToken && !layout.has_record_orders() {
+                continue;
+            }
+            let mut rng = Rng::new(100 + k as u64);
+            let desc = cache_desc(layout, 16, 16, 1, false);
+            let cache = fill_cache(&mut rng, layout, order, &desc, Fill::Inserted);
+            for out_f32 in [false, true] {
+                let case = Case {
+                    label: format!("{} {order} inserted, F32 {out_f32}", layout.name()),
+                    layout,
+                    order,
+                    blocks: 16,
+                    block_size: 16,
+                    cache_desc: desc,
+                    cache: cache.clone(),
+                    fp8_scale: (layout == RecordLayout::Fp8Rows).then_some(0.75),
+                    form: Form::Slots {
+                        slots: (0..256).map(|i| (i * 37 % 256) as i64).collect(),
+                        i64: true,
+                    },
+                    out_f32,
+                    out_rows: 256,
+                    out_row_stride: DIM + 8,
+                    out_offset: 32,
+                };
+                check(&case, &case.run(&cpu).unwrap());
+            }
         }
     }
 }
@@ -271,6 +279,7 @@ fn special_codes_have_the_documented_values() {
             },
             fp8_scale: None,
             out: TensorMut::new(&mut out, TensorDesc::contiguous(dt, &[1, DIM])),
+            record_order: RecordOrder::PagePlanar,
         })
         .unwrap();
         out
@@ -308,10 +317,17 @@ fn on_random_cache(
     block_size: usize,
 ) -> Case {
     let desc = cache_desc(layout, blocks, block_size, 0, false);
-    let cache = fill_cache(&mut Rng::new(seed), layout, &desc, Fill::Random);
+    let cache = fill_cache(
+        &mut Rng::new(seed),
+        layout,
+        RecordOrder::PagePlanar,
+        &desc,
+        Fill::Random,
+    );
     Case {
         label: label.into(),
         layout,
+        order: RecordOrder::PagePlanar,
         blocks,
         block_size,
         cache_desc: desc,
@@ -453,6 +469,7 @@ fn an_empty_cache_skips_every_slot_and_keeps_the_checked_kernels() {
             },
             fp8_scale: None,
             out: TensorMut::new(&mut out, TensorDesc::contiguous(DType::BF16, &[3, DIM])),
+            record_order: RecordOrder::PagePlanar,
         };
         assert_eq!(
             plan_gather(&args).unwrap().slot_kernels(),
@@ -512,6 +529,7 @@ fn base<'a>(p: &'a Parts, out: &'a mut Vec<u8>) -> GatherArgs<'a, Vec<u8>> {
         },
         fp8_scale: None,
         out: TensorMut::new(out, TensorDesc::contiguous(DType::BF16, &[4, DIM])),
+        record_order: RecordOrder::PagePlanar,
     }
 }
 

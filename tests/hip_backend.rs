@@ -12,6 +12,7 @@ use dsv4_kvcache::backend::hip::{probe, HipBackend, HipDriver};
 use dsv4_kvcache::backend::Backend;
 use dsv4_kvcache::formats::bf16_from_f32;
 use dsv4_kvcache::tensor::{DType, Tensor, TensorDesc, TensorMut};
+use dsv4_kvcache::RecordOrder;
 use dsv4_kvcache::{CompressArgs, CpuBackend, Error, InsertArgs, SkipCounts};
 use std::io::Write as _;
 
@@ -174,6 +175,7 @@ fn mxfp8_insert_with<B: Backend>(
             slot_mapping: Tensor::new(&slots_b, TensorDesc::contiguous(DType::I32, &[INSERT_N])),
             compress_ratio: 1,
             fp8_scale: None,
+            record_order: RecordOrder::PagePlanar,
         },
     );
     let out = b.read(&cache_b).unwrap();

@@ -192,6 +192,7 @@ fn failed_wait_names_pending_rows(shim: &Shim, b: &HipBackend) {
         seed,
         sanitize: b.sanitize(),
         adversarial: false,
+        ..Default::default()
     };
     let insert = make_case(&spec(VOp::RopeQuantInsert, 1));
     let ring = make_case(&spec(VOp::SaveRingRows, 2));

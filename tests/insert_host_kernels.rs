@@ -57,6 +57,7 @@ fn plan_of(case: &Case) -> InsertPlan {
             .fp8_scale
             .as_ref()
             .map(|b| Tensor::new(&b.bytes, b.desc)),
+        record_order: case.kind.record_order,
     })
     .unwrap_or_else(|e| panic!("{}: the case is valid: {e}", case.name))
 }

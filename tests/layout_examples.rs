@@ -15,6 +15,7 @@ use dsv4_kvcache::formats::bf16_from_f32;
 use dsv4_kvcache::layout::decode_record;
 use dsv4_kvcache::reference::encode_record;
 use dsv4_kvcache::testkit::rope_cos_sin;
+use dsv4_kvcache::RecordOrder;
 use dsv4_kvcache::{
     Backend, CpuBackend, DType, InsertArgs, RecordLayout, Tensor, TensorDesc, TensorMut,
 };
@@ -85,6 +86,7 @@ fn insert(layout: RecordLayout) -> Written {
         compress_ratio: 1,
         fp8_scale: (layout == RecordLayout::Fp8Rows)
             .then(|| Tensor::new(&scale, TensorDesc::contiguous(DType::F32, &[1]))),
+        record_order: RecordOrder::PagePlanar,
     })
     .unwrap();
     let (block, row) = (SLOT / BLOCK_SIZE, SLOT % BLOCK_SIZE);
@@ -338,6 +340,7 @@ fn readme_library_example() -> dsv4_kvcache::Result<()> {
         slot_mapping: Tensor::new(&slots, TensorDesc::contiguous(DType::I64, &[1])),
         compress_ratio: 1,
         fp8_scale: None,
+        record_order: RecordOrder::PagePlanar,
     })?;
 
     // A page holds all 64 records' values, then all their scales.

@@ -24,6 +24,7 @@ use dsv4_kvcache::backend::{RawDevice, RawStream};
 use dsv4_kvcache::detect::SanitizePolicy;
 use dsv4_kvcache::kernel_abi::{Geometry, Kernel};
 use dsv4_kvcache::launch::{Cr2Items, LaunchPolicy};
+use dsv4_kvcache::RecordOrder;
 use dsv4_kvcache::{
     Backend, CpuBackend, DType, Error, InsertArgs, RecordLayout, Result, Tensor, TensorDesc,
     TensorMut,
@@ -308,6 +309,7 @@ fn insert_args<'a, S: ?Sized>(
         slot_mapping: Tensor::new(slots, d(DType::I32, &[N])),
         compress_ratio: 1,
         fp8_scale: None,
+        record_order: RecordOrder::PagePlanar,
     }
 }
 
@@ -504,6 +506,7 @@ fn failed_launches_and_waits_name_the_rows_they_may_have_written() {
         seed: 9,
         sanitize: false,
         adversarial: false,
+        ..Default::default()
     });
     let n = f.input("slot_mapping").expect("slots").shape[0];
     let mut p = f.prepare(&b).expect("upload");
@@ -586,6 +589,7 @@ fn raw_calls_without_tokens_launch_nothing_and_accept_null_addresses() {
             slot_mapping: Tensor::new(&null, d(DType::I32, &[0])),
             compress_ratio: 1,
             fp8_scale: None,
+            record_order: RecordOrder::PagePlanar,
         };
         // SAFETY: no token: nothing is read, written or launched.
         unsafe { b.rope_quant_insert_raw(&args, b.stream(), None, false) }
@@ -735,6 +739,7 @@ fn raw_gather_errors<D: Driver>(b: &GpuBackend<D>) -> Vec<Error> {
                 },
                 fp8_scale: Some(Tensor::new(&fp8, d(DType::F32, &[1]))),
                 out: TensorMut::new(&mut out, d(DType::BF16, &[rows, 512])),
+                record_order: RecordOrder::PagePlanar,
             };
             // SAFETY: every call below is refused before anything is launched.
             unsafe { b.gather_dequant_raw(&args, b.stream(), counters) }

@@ -1,6 +1,10 @@
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import torch
+
+# Where a 584/528/288 B record's scales go: "planar" (the seed's: a page's
+# values, then its scales) or "per_token" (vLLM 0.34.0's).
+RecordOrder = Literal["planar", "per_token"]
 
 __version__: str
 
@@ -28,6 +32,7 @@ def rope_quant_insert(
     fp8_scale: Optional[torch.Tensor] = None,
     *,
     sanitize: Optional[bool] = None,
+    record_order: RecordOrder = "planar",
 ) -> None: ...
 def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: torch.Tensor) -> None: ...
 def gather_dequant(
@@ -39,6 +44,7 @@ def gather_dequant(
     cu_seq_lens: Optional[torch.Tensor] = None,
     seq_starts: Optional[torch.Tensor] = None,
     fp8_scale: Optional[torch.Tensor] = None,
+    record_order: RecordOrder = "planar",
 ) -> None: ...
 def fused_compress_insert(
     kv_score: torch.Tensor,
@@ -60,6 +66,7 @@ def fused_compress_insert(
     *,
     skip_latent_out: bool = False,
     sanitize: Optional[bool] = None,
+    record_order: RecordOrder = "planar",
 ) -> None: ...
 def _take_skip_counts(device_type: str, index: int) -> Tuple[int, int, int]: ...
 def _init(device_type: str, index: int) -> str: ...

@@ -32,22 +32,25 @@ _SCHEMAS = {
     "fused_save_compress_norm": f"{_COMPRESSOR}, {_PREV}",
     "rope_quant_insert": (
         "Tensor latent, Tensor positions, Tensor cos_sin_cache, Tensor(a!) kv_cache, "
-        "Tensor slot_mapping, int compress_ratio, Tensor? fp8_scale=None, *, bool? sanitize=None"
+        "Tensor slot_mapping, int compress_ratio, Tensor? fp8_scale=None, *, bool? sanitize=None, "
+        'str record_order="planar"'
     ),
     "save_ring_rows": "Tensor rows, Tensor slot_mapping, Tensor(a!) state_cache",
     "fused_compress_insert": (
         f"{_COMPRESSOR}, Tensor cos_sin_cache, Tensor(c!) kv_cache, Tensor cache_slot_mapping, "
-        f"Tensor? fp8_scale=None, {_PREV}, *, bool skip_latent_out=False, bool? sanitize=None"
+        f"Tensor? fp8_scale=None, {_PREV}, *, bool skip_latent_out=False, bool? sanitize=None, "
+        'str record_order="planar"'
     ),
     "gather_dequant": (
         "Tensor kv_cache, Tensor(a!) out, Tensor? slot_mapping=None, *, Tensor? block_table=None, "
-        "Tensor? cu_seq_lens=None, Tensor? seq_starts=None, Tensor? fp8_scale=None"
+        "Tensor? cu_seq_lens=None, Tensor? seq_starts=None, Tensor? fp8_scale=None, "
+        'str record_order="planar"'
     ),
 }
 
 __all__ = list(_SCHEMAS)
 
-_TYPES = {"Tensor": torch.Tensor, "float": float, "int": int, "bool": bool}
+_TYPES = {"Tensor": torch.Tensor, "float": float, "int": int, "bool": bool, "str": str}
 _DEFAULTS = {"None": None, "False": False, "True": True}
 
 
@@ -69,7 +72,12 @@ def _signature(name):
         hint = _TYPES[ty.split("(")[0].rstrip("?")]
         if ty.endswith("?"):
             hint = Optional[hint]
-        default = _DEFAULTS[default] if default else inspect.Parameter.empty
+        if default.startswith('"'):
+            default = default.strip('"')
+        elif default:
+            default = _DEFAULTS[default]
+        else:
+            default = inspect.Parameter.empty
         params.append(inspect.Parameter(pname, kind, default=default, annotation=hint))
     return inspect.Signature(params, return_annotation=None)
 

@@ -14,7 +14,7 @@ use dsv4_kvcache::ops::{
     CompressOp, CompressScalars, FusedOp, GatherOp, InsertOp, Operation, RingOp, Role,
 };
 use dsv4_kvcache::tensor::Storage;
-use dsv4_kvcache::{Backend, CpuBackend, TensorMut};
+use dsv4_kvcache::{Backend, CpuBackend, RecordOrder, TensorMut};
 use pyo3::prelude::*;
 use std::convert::Infallible;
 use std::sync::OnceLock;
@@ -126,6 +126,7 @@ enum Scalar {
     Float(f64),
     Flag(bool),
     Choice(Option<bool>),
+    Order(RecordOrder),
 }
 
 /// A call's arguments as its function received them: each tensor read at
@@ -179,6 +180,20 @@ macro_rules! put_scalar {
 
 put_scalar!(i64 => Int, f64 => Float, bool => Flag, Option<bool> => Choice);
 
+/// The one string parameter, `record_order`: checked here, so a bad value
+/// is a ValueError naming the argument before any tensor is touched.
+impl Put for &str {
+    fn put(self, g: &mut Given<'_>, arg: &'static str) -> PyResult<()> {
+        let order = RecordOrder::from_name(self).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "{arg}: {self:?}, expected \"planar\" (a page's values, then its scales) or \"per_token\" (each record's scales after its values)"
+            ))
+        })?;
+        g.scalars.push((arg, Scalar::Order(order)));
+        Ok(())
+    }
+}
+
 impl<'py> Given<'py> {
     /// An empty set of arguments.
     pub fn new(py: Python<'py>) -> PyResult<Self> {
@@ -220,6 +235,15 @@ impl<'py> Given<'py> {
         matches!(self.scalar(arg), Some(Scalar::Flag(true)))
     }
 
+    /// Record order argument `arg` (the seed's page-planar order when the
+    /// function has none).
+    fn order(&self, arg: &str) -> RecordOrder {
+        match self.scalar(arg) {
+            Some(Scalar::Order(o)) => o,
+            _ => RecordOrder::PagePlanar,
+        }
+    }
+
     /// Optional flag argument `arg` (`None` when the function has none).
     fn choice(&self, arg: &str) -> Option<bool> {
         match self.scalar(arg) {
@@ -259,10 +283,10 @@ pub(crate) trait Scalars: Sized {
     fn read(g: &Given<'_>) -> Self;
 }
 
-/// `rope_quant_insert`'s: `compress_ratio`.
-impl Scalars for u32 {
+/// `rope_quant_insert`'s: `compress_ratio` and `record_order`.
+impl Scalars for (u32, RecordOrder) {
     fn read(g: &Given<'_>) -> Self {
-        ratio(g.int("compress_ratio"))
+        (ratio(g.int("compress_ratio")), g.order("record_order"))
     }
 }
 
@@ -275,10 +299,22 @@ impl Scalars for CompressScalars {
     }
 }
 
-/// The fused launch's: the compressor's, and `skip_latent_out`.
-impl Scalars for (CompressScalars, bool) {
+/// The fused launch's: the compressor's, `skip_latent_out` and
+/// `record_order`.
+impl Scalars for (CompressScalars, bool, RecordOrder) {
     fn read(g: &Given<'_>) -> Self {
-        (CompressScalars::read(g), g.flag("skip_latent_out"))
+        (
+            CompressScalars::read(g),
+            g.flag("skip_latent_out"),
+            g.order("record_order"),
+        )
+    }
+}
+
+/// `gather_dequant`'s: `record_order`.
+impl Scalars for RecordOrder {
+    fn read(g: &Given<'_>) -> Self {
+        g.order("record_order")
     }
 }
 

@@ -69,7 +69,10 @@ op!(
     /// Apply GPT-J RoPE and publish a latent to the compressed KV cache (the
     /// seed's `rope_quant_insert`; the layout follows the cache's dtype and last
     /// dimension). `sanitize`: NaN sanitizing, `None` = the device's default.
-    #[pyo3(signature = (latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale=None, *, sanitize=None))]
+    /// `record_order`: where a 584/528/288 B record's scales go, `"planar"`
+    /// (the seed's: a page's values, then its scales) or `"per_token"` (vLLM
+    /// 0.34.0's: each record's scales right after its values).
+    #[pyo3(signature = (latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale=None, *, sanitize=None, record_order="planar"))]
     fn rope_quant_insert(
         latent: &Any<'_>,
         positions: &Any<'_>,
@@ -79,6 +82,7 @@ op!(
         compress_ratio: i64,
         fp8_scale: Option<&Any<'_>>,
         sanitize: Option<bool>,
+        record_order: &str,
     )
 );
 
@@ -99,8 +103,10 @@ op!(
     /// (and optional `seq_starts [R]`): request `r` fills rows
     /// `cu_seq_lens[r] .. cu_seq_lens[r + 1]` with its tokens from position
     /// `seq_starts[r]` on. `fp8_scale` for FP8 row caches only. Out-of-range
-    /// indices are skipped and counted.
-    #[pyo3(signature = (kv_cache, out, slot_mapping=None, *, block_table=None, cu_seq_lens=None, seq_starts=None, fp8_scale=None))]
+    /// indices are skipped and counted. `record_order`: the order the paged
+    /// records were written in (`"planar"` or `"per_token"`, as
+    /// `rope_quant_insert`'s).
+    #[pyo3(signature = (kv_cache, out, slot_mapping=None, *, block_table=None, cu_seq_lens=None, seq_starts=None, fp8_scale=None, record_order="planar"))]
     fn gather_dequant(
         kv_cache: &Any<'_>,
         out: &Any<'_>,
@@ -109,6 +115,7 @@ op!(
         cu_seq_lens: Option<&Any<'_>>,
         seq_starts: Option<&Any<'_>>,
         fp8_scale: Option<&Any<'_>>,
+        record_order: &str,
     )
 );
 
@@ -117,8 +124,9 @@ compressor_op!(
     /// `fused_save_compress_norm` then `rope_quant_insert` in one launch: the
     /// compressor's arguments, then the insert's (`cache_slot_mapping` are the
     /// cache slots; for CR2 `slot_mapping` holds ring slots). `latent_out` is
-    /// still written unless `skip_latent_out`.
-    #[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache, cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None, *, skip_latent_out=false, sanitize=None))]
+    /// still written unless `skip_latent_out`. `record_order` as
+    /// `rope_quant_insert`'s.
+    #[pyo3(signature = (kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, cos_sin_cache, kv_cache, cache_slot_mapping, fp8_scale=None, prev_rows=None, prev_row_indices=None, *, skip_latent_out=false, sanitize=None, record_order="planar"))]
     fn fused_compress_insert(
         cos_sin_cache: &Any<'_>,
         kv_cache: &Any<'_>,
@@ -128,6 +136,7 @@ compressor_op!(
         prev_row_indices: Option<&Any<'_>>,
         skip_latent_out: bool,
         sanitize: Option<bool>,
+        record_order: &str,
     )
 );
 

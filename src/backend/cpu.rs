@@ -333,20 +333,8 @@ enum Insert {
 
 fn cache_dest(c: &CachePlan, slot: i64) -> Dest {
     let bs = c.block_size as i64;
-    let block = (slot / bs) as usize;
-    let row = (slot % bs) as usize;
-    let page = c.offset + block * c.block_stride;
-    if c.layout.is_paged() {
-        Dest {
-            values: page + row * c.layout.value_bytes(),
-            scales: page + c.block_size * c.layout.value_bytes() + row * c.layout.scale_bytes(),
-        }
-    } else {
-        Dest {
-            values: page + row * c.row_stride,
-            scales: 0,
-        }
-    }
+    let (values, scales) = c.record_offsets((slot / bs) as usize, (slot % bs) as usize);
+    Dest { values, scales }
 }
 
 fn cos_sin_row(b: &[u8], p: &InsertPlan, row: usize) -> ([f32; 32], [f32; 32]) {

@@ -14,7 +14,7 @@
 //! below 32, which stay inside one aligned 32-lane group on 32-lane warps and
 //! on 64-lane wavefronts alike.
 
-use crate::layout::RecordLayout;
+use crate::layout::{RecordLayout, RecordOrder};
 use crate::ops::{CompressPlan, FusedPlan, IndexPlan, InsertPlan, RingRowsPlan, SkipCounts};
 use crate::tensor::DType;
 
@@ -314,11 +314,15 @@ pub mod flags {
     pub const GROUPS_LOG2_SHIFT: u32 = super::defines::KV_F_GROUPS_LOG2_SHIFT;
     /// Mask of the groups-per-block field.
     pub const GROUPS_LOG2_MASK: u32 = 7 << GROUPS_LOG2_SHIFT;
+    /// Insert: the paged records in the per-token order
+    /// ([`crate::layout::RecordOrder::PerToken`]).
+    pub const PER_TOKEN: u32 = super::defines::KV_F_PER_TOKEN;
     // Every other flag sits outside the field.
     const _: () = assert!(SCREEN_TOKENS < 1 << GROUPS_LOG2_SHIFT);
     const _: () = assert!(COS_F16 < 1 << GROUPS_LOG2_SHIFT && W_F16 < 1 << GROUPS_LOG2_SHIFT);
     const _: () = assert!(W_F32 > GROUPS_LOG2_MASK && SWEEP_TOKENS > GROUPS_LOG2_MASK);
     const _: () = assert!(TWO_TOKENS > GROUPS_LOG2_MASK);
+    const _: () = assert!(PER_TOKEN > TWO_TOKENS);
 }
 
 /// Device base addresses of a compress call's buffers (the plan's view
@@ -416,6 +420,9 @@ pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertPa
     };
     if sanitize {
         f |= flags::SANITIZE;
+    }
+    if p.cache.order == RecordOrder::PerToken {
+        f |= flags::PER_TOKEN;
     }
     InsertParams {
         latent: b.latent + p.latent.offset as u64,

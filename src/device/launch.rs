@@ -783,6 +783,7 @@ mod tests {
     /// with the given weight and table types; only what the launch reads
     /// is meaningful.
     fn fused_plan(n: usize, reqs: usize, layout: RecordLayout, w: DType, cs: DType) -> FusedPlan {
+        use crate::layout::RecordOrder;
         use crate::ops::{CachePlan, IndexPlan, RingPlan, RowsPlan};
         let rows = RowsPlan {
             offset: 0,
@@ -833,6 +834,7 @@ mod tests {
                     row_stride: 0,
                     blocks: 1,
                     block_size: 1,
+                    order: RecordOrder::PagePlanar,
                 },
                 fp8_scale_offset: None,
             },

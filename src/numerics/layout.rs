@@ -1,9 +1,12 @@
 //! Cache record layouts: where every byte of a token's record goes, and the
 //! decoders that read records back to f32.
 //!
-//! Paged layouts (`kv_cache` of bytes, `[blocks, block_size, W]`) keep, in
-//! each block's page, all records' value bytes first (`page + row * V`) and
-//! then all records' scale bytes (`page + block_size * V + row * S`).
+//! Paged layouts (`kv_cache` of bytes, `[blocks, block_size, W]`) place a
+//! record's `V` value bytes and `S` scale bytes in its block's page in one of
+//! two orders ([`RecordOrder`]): the seed's page-planar order (all records'
+//! value bytes first, `page + row * V`, then all records' scale bytes,
+//! `page + block_size * V + row * S`) or vLLM 0.34.0's per-token order (each
+//! record whole, `page + row * W`, its scales right after its values).
 //! `docs/layouts.md` draws every byte.
 
 use crate::formats::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, ue8m0_to_f32};
@@ -63,6 +66,13 @@ impl RecordLayout {
         )
     }
 
+    /// Whether the layout's records can be stored in either [`RecordOrder`]
+    /// (the V4.1 records, 528 and 288 B); the others are page-planar (V4)
+    /// or have no scales (rows).
+    pub fn has_record_orders(self) -> bool {
+        matches!(self, RecordLayout::Mxfp8 | RecordLayout::Nvfp4)
+    }
+
     /// Value bytes per record `V` (for rows: the row's bytes).
     pub fn value_bytes(self) -> usize {
         match self {
@@ -103,6 +113,73 @@ impl RecordLayout {
     /// Inverse of [`RecordLayout::name`].
     pub fn from_name(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|l| l.name() == s)
+    }
+}
+
+/// Where a paged record's scale bytes go relative to its value bytes.
+///
+/// The arithmetic of a record is the same in both orders; only the byte
+/// positions inside a page differ. The per-token order applies to the V4.1
+/// records (528 and 288 B); the 584 B V4 record is page-planar only (vLLM
+/// 0.34.0 and FlashMLA store it so, and per token its 576 value bytes would
+/// lose their 16-byte alignment), and asking for it per token is an error.
+/// Row layouts have no scales, so both orders are the same bytes there. A cache written in one order and read in
+/// the other is garbage without any error, so the order is always an
+/// explicit argument.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum RecordOrder {
+    /// The seed's order: a page holds the value bytes of all its records,
+    /// then the scale bytes of all its records.
+    #[default]
+    PagePlanar,
+    /// vLLM 0.34.0's order of the 528 and 288 B records (FlashMLA's V4.1
+    /// readers): each record's scale bytes follow its own value bytes,
+    /// records `W` bytes apart.
+    PerToken,
+}
+
+impl RecordOrder {
+    /// Both orders, the default first.
+    pub const ALL: [RecordOrder; 2] = [RecordOrder::PagePlanar, RecordOrder::PerToken];
+
+    /// The name the Python package, the CLI and the test vectors use:
+    /// `planar` or `per_token`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecordOrder::PagePlanar => "planar",
+            RecordOrder::PerToken => "per_token",
+        }
+    }
+
+    /// Inverse of [`RecordOrder::name`] (`per-token` is accepted too).
+    pub fn from_name(s: &str) -> Option<Self> {
+        match s {
+            "planar" => Some(RecordOrder::PagePlanar),
+            "per_token" | "per-token" => Some(RecordOrder::PerToken),
+            _ => None,
+        }
+    }
+
+    /// Byte offsets, from the start of its page, of the value bytes and the
+    /// scale bytes of the record in row `row` of a paged cache of `layout`
+    /// with `block_size` rows per block.
+    pub fn record_offsets(
+        self,
+        layout: RecordLayout,
+        block_size: usize,
+        row: usize,
+    ) -> (usize, usize) {
+        let (v, s) = (layout.value_bytes(), layout.scale_bytes());
+        match self {
+            RecordOrder::PagePlanar => (row * v, block_size * v + row * s),
+            RecordOrder::PerToken => (row * (v + s), row * (v + s) + v),
+        }
+    }
+}
+
+impl std::fmt::Display for RecordOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -6,7 +6,7 @@
 //! its own memory.
 
 use crate::error::{Error, Result};
-use crate::layout::{RecordLayout, DIM};
+use crate::layout::{RecordLayout, RecordOrder, DIM};
 use crate::tensor::{DType, Storage, Tensor, TensorDesc, TensorMut};
 
 mod tensors;
@@ -64,6 +64,8 @@ pub struct InsertArgs<'a, S: ?Sized> {
     pub compress_ratio: u32,
     /// F32 `[1]`, required for FP8 rows and only for them.
     pub fp8_scale: Option<Tensor<'a, S>>,
+    /// Where a paged record's scales go (row layouts have none).
+    pub record_order: RecordOrder,
 }
 
 /// Arguments of `save_ring_rows`.
@@ -93,6 +95,8 @@ pub struct FusedArgs<'a, S: ?Sized> {
     pub cache_slot_mapping: Tensor<'a, S>,
     /// As in [`InsertArgs`].
     pub fp8_scale: Option<Tensor<'a, S>>,
+    /// As in [`InsertArgs`].
+    pub record_order: RecordOrder,
 }
 
 // ---- the reader's arguments (validated in `crate::gather`) -------------
@@ -138,6 +142,8 @@ pub struct GatherArgs<'a, S: ?Sized> {
     /// on are untouched. Block-table form: `rows` bounds the output (rows
     /// that no request owns are untouched).
     pub out: TensorMut<'a, S>,
+    /// The order the paged records were written in (row layouts have none).
+    pub record_order: RecordOrder,
 }
 
 /// A 1-D contiguous integer tensor bound into a plan.
@@ -240,18 +246,35 @@ pub struct CachePlan {
     pub offset: usize,
     /// Bytes between blocks.
     pub block_stride: usize,
-    /// Bytes between rows of a block (rows layouts; paged: the value width).
+    /// Bytes between rows of a block (row layouts), or between records' value
+    /// bytes (paged: the value width page-planar, the record width per token).
     pub row_stride: usize,
     /// Blocks.
     pub blocks: usize,
     /// Rows per block.
     pub block_size: usize,
+    /// Where a paged record's scales go ([`RecordOrder::PagePlanar`] for
+    /// row layouts, which have none).
+    pub order: RecordOrder,
 }
 
 impl CachePlan {
     /// Slots the cache holds; a slot at or above this is skipped and counted.
     pub fn capacity(&self) -> u64 {
         (self.blocks as u64) * (self.block_size as u64)
+    }
+
+    /// Byte offsets in the cache's buffer of the record in `row` of
+    /// `block`: its value bytes and its scale bytes (for row layouts the
+    /// row's bytes, and the same offset for the absent scales).
+    pub fn record_offsets(&self, block: usize, row: usize) -> (usize, usize) {
+        let page = self.offset + block * self.block_stride;
+        if self.layout.is_paged() {
+            let (v, s) = self.order.record_offsets(self.layout, self.block_size, row);
+            (page + v, page + s)
+        } else {
+            (page + row * self.row_stride, page + row * self.row_stride)
+        }
     }
 }
 
@@ -645,8 +668,12 @@ pub fn plan_compress<S: Storage + ?Sized>(a: &CompressArgs<'_, S>) -> Result<Com
     })
 }
 
-fn cache<S: Storage + ?Sized>(s: &'static Spec, kv: &TensorMut<'_, S>) -> Result<CachePlan> {
-    cache_view(s, &*kv.buf, &kv.desc)
+fn cache<S: Storage + ?Sized>(
+    s: &'static Spec,
+    kv: &TensorMut<'_, S>,
+    order: RecordOrder,
+) -> Result<CachePlan> {
+    cache_view(s, &*kv.buf, &kv.desc, order)
 }
 
 /// A cache tensor (written or only read) into its plan.
@@ -654,6 +681,7 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(
     s: &'static Spec,
     buf: &S,
     d: &TensorDesc,
+    order: RecordOrder,
 ) -> Result<CachePlan> {
     let arg = s.arg;
     s.dtype(d)?;
@@ -698,7 +726,18 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(
                 ),
             ));
         }
-        row_stride = layout.value_bytes();
+        if order == RecordOrder::PerToken && layout == RecordLayout::V4 {
+            return Err(Error::Value {
+                arg: "record_order",
+                problem: "per_token applies to the 528 and 288 B records; the 584 B V4 record is page-planar only (as vLLM and FlashMLA store it; per token it would lose the 16-byte alignment its stores need)".into(),
+            });
+        }
+        // The stride between records' value bytes: a page-planar page's
+        // value area is packed, a per-token page holds whole records.
+        row_stride = match order {
+            RecordOrder::PagePlanar => layout.value_bytes(),
+            RecordOrder::PerToken => w,
+        };
     } else {
         let ok_rank = d.rank() == 3 || (d.rank() == 4 && d.shape()[2] == 1);
         let last = d.rank().saturating_sub(1);
@@ -758,6 +797,11 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(
         row_stride,
         blocks,
         block_size,
+        order: if layout.is_paged() {
+            order
+        } else {
+            RecordOrder::PagePlanar
+        },
     })
 }
 
@@ -831,7 +875,7 @@ pub fn plan_insert<S: Storage + ?Sized>(a: &InsertArgs<'_, S>) -> Result<InsertP
     let positions = index(&i.positions, &a.positions)?;
     let slots = index(&i.slot_mapping, &a.slot_mapping)?;
     let (cs, cs_dtype) = cos_sin(&i.cos_sin_cache, &a.cos_sin_cache)?;
-    let cache = cache(&i.kv_cache, &a.kv_cache)?;
+    let cache = cache(&i.kv_cache, &a.kv_cache, a.record_order)?;
     let fp8 = fp8_scale(&i.fp8_scale, cache.layout, &a.fp8_scale)?;
     n_tokens(
         slots.len,
@@ -888,7 +932,7 @@ pub fn plan_fused<S: Storage + ?Sized>(a: &FusedArgs<'_, S>) -> Result<FusedPlan
         ));
     }
     let (cs, cs_dtype) = cos_sin(&f.cos_sin_cache, &a.cos_sin_cache)?;
-    let cache = cache(&f.kv_cache, &a.kv_cache)?;
+    let cache = cache(&f.kv_cache, &a.kv_cache, a.record_order)?;
     let fp8 = fp8_scale(&f.fp8_scale, cache.layout, &a.fp8_scale)?;
     Ok(FusedPlan {
         insert: InsertPlan {

@@ -3,7 +3,7 @@
 
 use super::cases::{make_case_with, make_gather_case, make_written_gather_case, CaseSpec, Floats};
 use super::Rng;
-use crate::layout::RecordLayout;
+use crate::layout::{RecordLayout, RecordOrder};
 use crate::tensor::DType;
 use crate::vectors::{Op, VectorFile};
 
@@ -26,7 +26,7 @@ impl Default for CallMix {
 }
 
 /// One random call: any operation (the four writers and the reader), any
-/// layout, CR1 or CR2, sanitize on or off, 1 to `mix.max_tokens` tokens,
+/// layout in either record order, CR1 or CR2, sanitize on or off, 1 to `mix.max_tokens` tokens,
 /// the weight and cos/sin table of any input type (half the calls the tuned
 /// kernels' BF16 and F32);
 /// the file holds its inputs only (run it with
@@ -47,6 +47,17 @@ pub fn random_call(rng: &mut Rng, mix: CallMix) -> VectorFile {
         seed: rng.next_u64(),
         sanitize: rng.below(2) == 1,
         adversarial: mix.adversarial && rng.below(4) == 0,
+        ..Default::default()
+    };
+    // The record order from the case's seed too (the draws stay as they
+    // were before there were two orders).
+    let spec = CaseSpec {
+        record_order: if layout.has_record_orders() {
+            RecordOrder::ALL[((spec.seed >> 60) & 1) as usize]
+        } else {
+            RecordOrder::PagePlanar
+        },
+        ..spec
     };
     if op != Op::GatherDequant {
         // The types from the case's seed, so that the stream of draws is

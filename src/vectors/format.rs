@@ -1,7 +1,7 @@
 //! The file: metadata, named tensors and their safetensors encoding.
 
 use crate::error::{Error, Result};
-use crate::layout::RecordLayout;
+use crate::layout::{RecordLayout, RecordOrder};
 use crate::tensor::{DType, TensorDesc};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -468,6 +468,7 @@ impl VectorFile {
             }
         }
         self.sanitize()?;
+        self.record_order()?;
         if matches!(op, Op::FusedSaveCompressNorm | Op::FusedCompressInsert) {
             self.rms_norm_eps()?;
         }
@@ -535,6 +536,17 @@ impl VectorFile {
             _ => Err(Error::Vectors(format!(
                 "compress_ratio {s:?}, expected 1 or 2"
             ))),
+        }
+    }
+
+    /// The `record_order` metadata (`planar` or `per_token`; absent is the
+    /// seed's `planar`).
+    pub fn record_order(&self) -> Result<RecordOrder> {
+        match self.meta.get("record_order").map(|s| s.trim()) {
+            None => Ok(RecordOrder::PagePlanar),
+            Some(s) => RecordOrder::from_name(s).ok_or_else(|| {
+                Error::Vectors(format!("record_order {s:?}, expected planar or per_token"))
+            }),
         }
     }
 

@@ -32,7 +32,9 @@
 //! the insert ops); `compress_ratio` (`1` or `2`); `sanitize` (`true` or
 //! `false`); `rms_norm_eps` (the exact decimal value of the f32) and
 //! `rms_norm_eps_bits` (its bits, `0x` and 8 hex digits, which win when both
-//! are present); optionally `skip_latent_out` (`true`, fused only); `source`
+//! are present); optionally `skip_latent_out` (`true`, fused only);
+//! optionally `record_order` (`planar`, the default, or `per_token`: where a
+//! paged record's scales go, for the inserts and the reader); `source`
 //! and `description` (free text, often JSON).
 //!
 //! The seed harness (`scripts/seed/seed_vectors.py`) writes exactly these

@@ -6,7 +6,7 @@ use super::report::ReplayReport;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::gather::{GatherArgs, GatherIndex};
-use crate::layout::RecordLayout;
+use crate::layout::{RecordLayout, RecordOrder};
 use crate::ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};
 use crate::tensor::{DType, Tensor, TensorDesc, TensorMut};
 use crate::CpuBackend;
@@ -62,6 +62,7 @@ impl VectorFile {
                 0.0
             },
             skip_latent_out: self.skip_latent_out()?,
+            record_order: self.record_order()?,
             inputs,
             kv_cache,
             latent_out,
@@ -139,6 +140,7 @@ pub struct Prepared<'f, B: Backend> {
     compress_ratio: u32,
     eps: f32,
     skip_latent_out: bool,
+    record_order: RecordOrder,
     inputs: BTreeMap<String, Buf<B>>,
     kv_cache: Option<Buf<B>>,
     latent_out: Option<Buf<B>>,
@@ -183,6 +185,7 @@ impl<B: Backend> Prepared<'_, B> {
             compress_ratio,
             eps,
             skip_latent_out,
+            record_order,
             inputs,
             kv_cache,
             latent_out,
@@ -191,6 +194,7 @@ impl<B: Backend> Prepared<'_, B> {
             ..
         } = self;
         let compress_ratio = *compress_ratio;
+        let record_order = *record_order;
         match op {
             Op::RopeQuantInsert => backend.rope_quant_insert(InsertArgs {
                 latent: ro(inputs, "latent")?,
@@ -200,6 +204,7 @@ impl<B: Backend> Prepared<'_, B> {
                 slot_mapping: ro(inputs, "slot_mapping")?,
                 compress_ratio,
                 fp8_scale: opt(inputs, "fp8_scale"),
+                record_order,
             }),
             Op::SaveRingRows => backend.save_ring_rows(RingArgs {
                 rows: ro(inputs, "rows")?,
@@ -233,6 +238,7 @@ impl<B: Backend> Prepared<'_, B> {
                         kv_cache: rw(kv_cache, "kv_cache")?,
                         cache_slot_mapping: ro(inputs, "cache_slot_mapping")?,
                         fp8_scale: opt(inputs, "fp8_scale"),
+                        record_order,
                     })
                 }
             }
@@ -253,6 +259,7 @@ impl<B: Backend> Prepared<'_, B> {
                     index,
                     fp8_scale: opt(inputs, "fp8_scale"),
                     out: rw(out, "out")?,
+                    record_order,
                 })
             }
         }

@@ -3,7 +3,7 @@
 
 use super::format::{Op, VectorFile};
 use crate::error::Result;
-use crate::layout::RecordLayout;
+use crate::layout::{RecordLayout, RecordOrder};
 use crate::ops::SkipCounts;
 use std::collections::HashMap;
 use std::fmt;
@@ -194,6 +194,7 @@ impl fmt::Display for ReplayReport {
 /// Maps a byte of an output tensor to its slot, token and record field.
 struct Locator {
     layout: Option<RecordLayout>,
+    order: RecordOrder,
     cache_shape: Vec<usize>,
     cache_esz: usize,
     /// Bytes per element of a gather's `out`.
@@ -251,6 +252,7 @@ impl Locator {
             } else {
                 None
             },
+            order: f.record_order()?,
             cache_shape: cache.map(|t| t.shape.clone()).unwrap_or_default(),
             cache_esz: cache.map_or(1, |t| t.dtype.size()),
             out_esz: f.input("out").map_or(2, |t| t.dtype.size()),
@@ -319,13 +321,25 @@ impl Locator {
                 return (None, None, None);
             }
             let (block, in_page) = (off / page, off % page);
-            if in_page < bs * v {
-                let (row, k) = (in_page / v, in_page % v);
-                (block * bs + row, value_field(layout, k))
-            } else {
-                let r = in_page - bs * v;
-                let (row, j) = (r / s, r % s);
-                (block * bs + row, scale_field(layout, j))
+            match self.order {
+                RecordOrder::PagePlanar if in_page < bs * v => {
+                    let (row, k) = (in_page / v, in_page % v);
+                    (block * bs + row, value_field(layout, k))
+                }
+                RecordOrder::PagePlanar => {
+                    let r = in_page - bs * v;
+                    let (row, j) = (r / s, r % s);
+                    (block * bs + row, scale_field(layout, j))
+                }
+                RecordOrder::PerToken => {
+                    let (row, k) = (in_page / (v + s), in_page % (v + s));
+                    let field = if k < v {
+                        value_field(layout, k)
+                    } else {
+                        scale_field(layout, k - v)
+                    };
+                    (block * bs + row, field)
+                }
             }
         } else {
             let row_bytes = 512 * self.cache_esz;

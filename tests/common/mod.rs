@@ -20,6 +20,7 @@
 
 use dsv4_kvcache::formats::{bf16_from_f32, bf16_to_f32};
 use dsv4_kvcache::testkit::{i64_bytes, Rng};
+use dsv4_kvcache::RecordOrder;
 use dsv4_kvcache::{
     Backend, CompressArgs, DType, Error, FusedArgs, InsertArgs, RecordLayout, RingArgs, SkipCounts,
     Tensor, TensorDesc, TensorMut,
@@ -407,6 +408,8 @@ pub struct Kind {
     pub cr: u32,
     /// Cache layout (insert and fused).
     pub layout: RecordLayout,
+    /// Where a paged record's scales go (insert and fused).
+    pub record_order: RecordOrder,
     /// CR2: give `prev_rows` and `prev_row_indices`.
     pub prev_rows: bool,
     /// NaN sanitizing on the backend.
@@ -434,6 +437,7 @@ impl Kind {
             skip_latent_out: false,
             cr,
             layout,
+            record_order: RecordOrder::PagePlanar,
             prev_rows: false,
             sanitize: false,
             index_i64: false,
@@ -521,6 +525,10 @@ pub fn all_kinds() -> Vec<Kind> {
                                 continue;
                             }
                             let mut k = Kind::new(op, cr, layout);
+                            // The I64-index kinds write vLLM 0.34.0's
+                            // per-token order, so both orders meet every
+                            // other combination.
+                            k.record_order = order_of(layout, index_i64);
                             k.skip_latent_out = skip_latent_out;
                             k.prev_rows = prev;
                             k.sanitize = sanitize;
@@ -539,6 +547,16 @@ pub fn all_kinds() -> Vec<Kind> {
         }
     }
     out
+}
+
+/// The record order of the kinds: per token for the V4.1 records with I64
+/// indices, else page-planar; see [`all_kinds`].
+pub fn order_of(layout: RecordLayout, index_i64: bool) -> RecordOrder {
+    if index_i64 && layout.has_record_orders() {
+        RecordOrder::PerToken
+    } else {
+        RecordOrder::PagePlanar
+    }
 }
 
 /// A proptest strategy over kinds restricted to the given ops (fused kinds
@@ -565,6 +583,7 @@ pub fn kind_strategy(
                 skip_latent_out: skip && op == Op::FusedCompressInsert,
                 cr,
                 layout,
+                record_order: order_of(layout, i64),
                 prev_rows: prev && cr == 2 && op != Op::RopeQuantInsert,
                 sanitize,
                 index_i64: i64,
@@ -751,6 +770,7 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
                     cache_slot_mapping: view(&cslots, &case.cache_slot_mapping)
                         .unwrap_or_else(|| missing(name, "cache_slot_mapping")),
                     fp8_scale: view(&fp8, &case.fp8_scale),
+                    record_order: case.kind.record_order,
                 }),
                 _ => b.fused_save_compress_norm(compress),
             }
@@ -765,6 +785,7 @@ pub fn run_case<B: Backend>(b: &B, case: &Case) -> Outputs {
             slot_mapping: slot_t,
             compress_ratio: case.compress_ratio,
             fp8_scale: view(&fp8, &case.fp8_scale),
+            record_order: case.kind.record_order,
         }),
         Op::SaveRingRows => b.save_ring_rows(RingArgs {
             rows: view(&rows, &case.rows).unwrap_or_else(|| missing(name, "rows")),

@@ -13,6 +13,7 @@ use dsv4_kvcache::formats::bf16_from_f32;
 use dsv4_kvcache::layout::DIM;
 use dsv4_kvcache::ops::SkipCounts;
 use dsv4_kvcache::testkit::rope_cos_sin;
+use dsv4_kvcache::RecordOrder;
 use dsv4_kvcache::{
     Backend, CpuBackend, DType, GatherArgs, GatherIndex, InsertArgs, RecordLayout, Result, Tensor,
     TensorDesc, TensorMut,
@@ -125,6 +126,8 @@ impl Form {
 pub struct Case {
     pub label: String,
     pub layout: RecordLayout,
+    /// Where the paged records' scales are.
+    pub order: RecordOrder,
     pub blocks: usize,
     pub block_size: usize,
     pub cache_desc: TensorDesc,
@@ -206,8 +209,8 @@ impl Case {
         let esz = d.dtype.size();
         let page = d.offset + block * d.strides()[0] * esz;
         if l.is_paged() {
-            let v = page + row * l.value_bytes();
-            let s = page + self.block_size * l.value_bytes() + row * l.scale_bytes();
+            let (v, s) = self.order.record_offsets(l, self.block_size, row);
+            let (v, s) = (page + v, page + s);
             (
                 &self.cache[v..v + l.value_bytes()],
                 &self.cache[s..s + l.scale_bytes()],
@@ -279,6 +282,7 @@ impl Case {
             index,
             fp8_scale: fp8.map(|f| Tensor::new(f, TensorDesc::contiguous(DType::F32, &[1]))),
             out: TensorMut::new(out, self.out_desc()),
+            record_order: self.order,
         }
     }
 
@@ -341,7 +345,13 @@ pub fn cache_desc(
 }
 
 /// Cache bytes for `desc` filled as `fill` says (padding random).
-pub fn fill_cache(rng: &mut Rng, layout: RecordLayout, desc: &TensorDesc, fill: Fill) -> Vec<u8> {
+pub fn fill_cache(
+    rng: &mut Rng,
+    layout: RecordLayout,
+    order: RecordOrder,
+    desc: &TensorDesc,
+    fill: Fill,
+) -> Vec<u8> {
     let len = desc.end_byte().expect("small") as usize;
     let mut c: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
     let (blocks, bs) = (desc.shape()[0], desc.shape()[1]);
@@ -429,6 +439,7 @@ pub fn fill_cache(rng: &mut Rng, layout: RecordLayout, desc: &TensorDesc, fill: 
                 compress_ratio: 1,
                 fp8_scale: (layout == RecordLayout::Fp8Rows)
                     .then(|| Tensor::new(&scale, TensorDesc::contiguous(DType::F32, &[1]))),
+                record_order: order,
             })
             .expect("the insert's arguments are valid");
         }
@@ -452,7 +463,14 @@ pub fn random_case(seed: u64, layout: RecordLayout, table: bool, n: usize, wild:
     let blocks = usize::from(odd_v4) + 1 + rng.below(24);
     let desc = cache_desc(layout, blocks, bs, rng.pick(&[0, 0, 1, 3]), rng.chance(0.3))
         .with_offset(16 * rng.below(3));
-    let cache = fill_cache(&mut rng, layout, &desc, fill);
+    // Odd seeds read paged records in the per-token order (the draws stay
+    // as they were).
+    let order = if seed & 1 == 1 && layout.has_record_orders() {
+        RecordOrder::PerToken
+    } else {
+        RecordOrder::PagePlanar
+    };
+    let cache = fill_cache(&mut rng, layout, order, &desc, fill);
     let cap = (blocks * bs) as i64;
     let i64 = rng.chance(0.5);
     let form = if !table {
@@ -544,13 +562,14 @@ pub fn random_case(seed: u64, layout: RecordLayout, table: bool, n: usize, wild:
     let unit = if out_f32 { 4 } else { 8 };
     Case {
         label: format!(
-            "seed {seed:#x}: {} {fill:?}, {} blocks of {bs}, {}, {} out, wild {wild}",
+            "seed {seed:#x}: {} {order} {fill:?}, {} blocks of {bs}, {}, {} out, wild {wild}",
             layout.name(),
             blocks,
             if table { "block table" } else { "slots" },
             if out_f32 { "F32" } else { "BF16" }
         ),
         layout,
+        order,
         blocks,
         block_size: bs,
         cache_desc: desc,
@@ -571,13 +590,20 @@ pub fn every_code_case(layout: RecordLayout, out_f32: bool, fp8_scale: f32, i64:
     let mut rng = Rng::new(dsv4_kvcache::kernel_abi::layout_code(layout) as u64);
     let (blocks, bs) = (8, 64);
     let desc = cache_desc(layout, blocks, bs, 0, false);
-    let cache = fill_cache(&mut rng, layout, &desc, Fill::Adversarial);
+    let cache = fill_cache(
+        &mut rng,
+        layout,
+        RecordOrder::PagePlanar,
+        &desc,
+        Fill::Adversarial,
+    );
     Case {
         label: format!(
             "{} every code, F32 {out_f32}, fp8_scale {fp8_scale}, I64 slots {i64}",
             layout.name()
         ),
         layout,
+        order: RecordOrder::PagePlanar,
         blocks,
         block_size: bs,
         cache_desc: desc,

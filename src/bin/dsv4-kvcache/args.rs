@@ -2,6 +2,7 @@
 
 use crate::select::Choice;
 use crate::{CliError, CliResult, USAGE};
+use dsv4_kvcache::layout::RecordOrder;
 use std::collections::BTreeMap;
 
 /// Parsed options: `--name value`, `--name=value` and `--flag`.
@@ -92,4 +93,15 @@ impl Opts {
             ))),
         }
     }
+}
+
+/// `--record-order planar|per_token` (default planar): where the paged
+/// records' scales go.
+pub(crate) fn record_order_opt(o: &Opts) -> CliResult<RecordOrder> {
+    let v = o.get("record-order").unwrap_or("planar");
+    RecordOrder::from_name(v).ok_or_else(|| {
+        CliError::Usage(format!(
+            "--record-order {v:?}, expected planar or per_token"
+        ))
+    })
 }

@@ -1,6 +1,6 @@
 //! `capture`: writes a test-vector file whose outputs come from the CPU reference.
 
-use crate::args::Opts;
+use crate::args::{record_order_opt, Opts};
 use crate::verify::describe_file;
 use crate::{CliError, CliResult};
 use dsv4_kvcache::layout::RecordLayout;
@@ -21,6 +21,7 @@ pub(crate) fn capture_cmd(args: &[String]) -> CliResult<()> {
             "seed",
             "out",
             "out-dtype",
+            "record-order",
         ],
         &["sanitize", "adversarial", "written"],
     )?;
@@ -49,6 +50,7 @@ pub(crate) fn capture_cmd(args: &[String]) -> CliResult<()> {
     let spec = CaseSpec {
         op,
         layout,
+        record_order: record_order_opt(&o)?,
         compress_ratio: cr,
         tokens: o.num("tokens", 256)?,
         requests: o.num("requests", 4)?,

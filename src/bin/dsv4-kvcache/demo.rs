@@ -1,12 +1,12 @@
 //! `demo`: chunked prefill and decode through the CR2 ring into all five
 //! cache layouts, checked byte for byte against the CPU reference.
 
-use crate::args::Opts;
+use crate::args::{record_order_opt, Opts};
 use crate::select::{with_backend, Job};
 use crate::timing::{median_f64, Timing};
 use crate::{CliError, CliResult};
 use dsv4_kvcache::formats::bf16_from_f32;
-use dsv4_kvcache::layout::{decode_record, RecordLayout, DIM};
+use dsv4_kvcache::layout::{decode_record, RecordLayout, RecordOrder, DIM};
 use dsv4_kvcache::reference::rotate;
 use dsv4_kvcache::testkit::{f32_bytes, i64_bytes, rope_cos_sin, u16_bytes, Rng};
 use dsv4_kvcache::{
@@ -26,6 +26,7 @@ pub(crate) fn demo_cmd(args: &[String]) -> CliResult<()> {
             "prefill-tokens",
             "decode-steps",
             "seed",
+            "record-order",
         ],
         &[],
     )?;
@@ -35,6 +36,7 @@ pub(crate) fn demo_cmd(args: &[String]) -> CliResult<()> {
         prefill: o.num("prefill-tokens", 1024)?,
         decode: o.num("decode-steps", 64)?,
         seed: o.num("seed", 1)?,
+        record_order: record_order_opt(&o)?,
     };
     if cfg.requests == 0 || cfg.requests > 4096 {
         return Err(CliError::Usage(
@@ -65,6 +67,8 @@ struct DemoConfig {
     prefill: usize,
     decode: usize,
     seed: u64,
+    /// Where the paged records' scales go.
+    record_order: RecordOrder,
 }
 
 /// Ring rows per request (the demo's and the soak's).
@@ -112,6 +116,8 @@ struct Scenario {
     rows: Vec<Vec<f32>>,
     weight: Vec<u16>,
     eps: f32,
+    /// Where the paged records' scales go.
+    record_order: RecordOrder,
     /// `[max_pos, 64]`.
     cos_sin: Vec<f32>,
     cos_rows: usize,
@@ -202,6 +208,7 @@ impl Scenario {
             prompt,
             chunks,
             decode: cfg.decode,
+            record_order: cfg.record_order,
             rows,
             weight,
             eps: 1e-6,
@@ -351,6 +358,7 @@ fn run_scenario<B: Backend>(b: &B, sc: &Scenario, chunked: bool, inserts: bool) 
                 compress_ratio: 2,
                 fp8_scale: (l == RecordLayout::Fp8Rows)
                     .then(|| Tensor::new(&fp8, desc(DType::F32, &[1]))),
+                record_order: sc.record_order,
             })?;
         }
         let bytes = b.read(&latent)?;
@@ -379,14 +387,22 @@ fn run_scenario<B: Backend>(b: &B, sc: &Scenario, chunked: bool, inserts: bool) 
     Ok(out)
 }
 
-/// The records' values and scales of `slot` in a cache of `layout`.
-fn record_at(layout: RecordLayout, cache: &[u8], slot: usize) -> (&[u8], &[u8]) {
+/// The records' values and scales of `slot` in a cache of `layout`
+/// written in `order`.
+fn record_at(
+    layout: RecordLayout,
+    order: RecordOrder,
+    cache: &[u8],
+    slot: usize,
+) -> (&[u8], &[u8]) {
     let (block, row) = (slot / BLOCK, slot % BLOCK);
     let (v, s) = (layout.value_bytes(), layout.scale_bytes());
     let page = block * BLOCK * (v + s);
-    let values = &cache[page + row * v..page + (row + 1) * v];
-    let scales = &cache[page + BLOCK * v + row * s..page + BLOCK * v + (row + 1) * s];
-    (values, scales)
+    let (vo, so) = order.record_offsets(layout, BLOCK, row);
+    (
+        &cache[page + vo..page + vo + v],
+        &cache[page + so..page + so + s],
+    )
 }
 
 /// Max abs and RMS relative error of the decoded records vs the f32 rotated latents.
@@ -404,7 +420,12 @@ fn reconstruction(
         let cos: [f32; 32] = row[..32].try_into().expect("32");
         let sin: [f32; 32] = row[32..].try_into().expect("32");
         let want = rotate(&lat, &cos, &sin);
-        let (values, scales) = record_at(layout, cache, sc.cache_slot(req, p) as usize);
+        let (values, scales) = record_at(
+            layout,
+            sc.record_order,
+            cache,
+            sc.cache_slot(req, p) as usize,
+        );
         let got = decode_record(layout, values, scales, FP8_SCALE);
         for (g, w) in got.iter().zip(want.iter()) {
             let d = (*g as f64) - (*w as f64);
@@ -448,6 +469,7 @@ fn time_insert<B: Backend>(
             compress_ratio: 2,
             fp8_scale: (layout == RecordLayout::Fp8Rows)
                 .then(|| Tensor::new(&fp8, desc(DType::F32, &[1]))),
+            record_order: sc.record_order,
         })
     };
     once(&mut cache)?;

@@ -3,11 +3,14 @@
 //! ```text
 //! dsv4-kvcache info
 //! dsv4-kvcache demo    [--backend auto|cpu|cuda|hip] [--requests R] [--prefill-tokens P] [--decode-steps D] [--seed S]
+//!                      [--record-order planar|per_token]
 //! dsv4-kvcache verify  FILE... [--backend auto|cpu|cuda|hip]
 //! dsv4-kvcache bench   [--backend auto|cpu|cuda|hip] [--tokens 1,16,128] [--only insert,fused] [--out FILE.json]
 //! dsv4-kvcache soak    [--backend auto|cpu|cuda|hip] [--steps N] [--duration SECONDS] [--seed S]
+//!                      [--record-order planar|per_token]
 //! dsv4-kvcache capture --op OP [--layout L] [--cr N] [--tokens T] [--requests R] [--seed S]
-//!                      [--sanitize] [--adversarial] [--written] --out FILE.safetensors
+//!                      [--sanitize] [--adversarial] [--written] [--record-order planar|per_token]
+//!                      --out FILE.safetensors
 //! ```
 //!
 //! Exit status: 0 on success, 1 when a check failed (a byte differs from the
@@ -39,11 +42,12 @@ usage:
       version, embedded kernels, devices found (each CUDA device runs the self-check of its
       hardware conversions), sanitize policy
   dsv4-kvcache demo [--backend auto|cpu|cuda|hip] [--requests R] [--prefill-tokens P]
-                    [--decode-steps D] [--seed S]
+                    [--decode-steps D] [--seed S] [--record-order planar|per_token]
       chunked prefill and decode through the CR2 ring into all five cache layouts,
       checked byte for byte against the CPU reference
   dsv4-kvcache soak [--backend auto|cpu|cuda|hip] [--steps N] [--duration SECONDS] [--seed S]
                     [--slots R] [--max-prompt P] [--max-decode D] [--report-every SECONDS]
+                    [--record-order planar|per_token]
       serving-shaped traffic (requests arriving and finishing, chunked prefill, decode with
       a draft token, ring and block reuse, all layouts, the reader) compared byte for byte
       with the CPU reference; memory sampled; exit 1 on any mismatch
@@ -52,15 +56,20 @@ usage:
   dsv4-kvcache bench [--backend auto|cpu|cuda|hip] [--tokens 1,16,128,...] [--only NAME,...]
                     [--out FILE.json]
       time per launch, bandwidth and the seed's H200 anchors; --only keeps the rows whose
-      label contains a NAME ('insert nvfp4', 'compress CR2', 'fused CR1 v4', 'host')
+      label contains a NAME ('insert nvfp4', 'compress CR2', 'fused CR1 v4', 'host'); the
+      paged inserts and gathers also run in the per-token order ('insert mxfp8 per_token')
   dsv4-kvcache capture --op OP [--layout v4|mxfp8|nvfp4|bf16|fp8] [--cr 1|2] [--tokens T]
                        [--requests R] [--ring-capacity C] [--seed S] [--sanitize] [--adversarial]
-                       [--written] [--out-dtype bf16|f32] --out FILE.safetensors
+                       [--written] [--out-dtype bf16|f32] [--record-order planar|per_token]
+                       --out FILE.safetensors
       write a test-vector file whose outputs come from the CPU reference
       (OP: rope_quant_insert, fused_save_compress_norm, save_ring_rows, fused_compress_insert,
       gather_dequant; --requests 0 gathers by slot, --written fills the gather's cache with
       records the writer made, as the bench's 'gather L' rows do, instead of random bytes)
 
+record orders: the 584/528/288 B records in the seed's page-planar order (a page's values,
+  then its scales; the default) or vLLM 0.34.0's per-token order (each record's scales after
+  its values): --record-order, and the vector files' record_order metadata
 environment: DSV4_KVCACHE_SANITIZE=auto|on|off (NaN sanitizing; auto = on for gfx950 only)
 exit status: 0 ok, 1 a check failed, 2 usage error, unreadable file or unavailable backend";
 

@@ -15,13 +15,13 @@
 //! the ring, the five caches and the reader's output are compared with the
 //! same calls on the CPU reference, and memory is sampled.
 
-use crate::args::Opts;
+use crate::args::{record_order_opt, Opts};
 use crate::demo::{cache_desc, upload_indices, BLOCK, FP8_SCALE, RING_CAPACITY as RING};
 use crate::select::{with_backend, Job};
 use crate::timing::Timing;
 use crate::{CliError, CliResult};
 use dsv4_kvcache::formats::bf16_from_f32;
-use dsv4_kvcache::layout::{RecordLayout, DIM};
+use dsv4_kvcache::layout::{RecordLayout, RecordOrder, DIM};
 use dsv4_kvcache::testkit::{f32_bytes, i64_bytes, rope_cos_sin, u16_bytes, Rng};
 use dsv4_kvcache::{
     Backend, CompressArgs, CpuBackend, DType, FusedArgs, GatherArgs, GatherIndex, InsertArgs,
@@ -42,6 +42,7 @@ pub(crate) fn soak_cmd(args: &[String]) -> CliResult<()> {
             "max-prompt",
             "max-decode",
             "report-every",
+            "record-order",
         ],
         &[],
     )?;
@@ -59,6 +60,7 @@ pub(crate) fn soak_cmd(args: &[String]) -> CliResult<()> {
         max_prompt: o.num("max-prompt", 300)?,
         max_decode: o.num("max-decode", 40)?,
         report_every: Duration::from_secs_f64(o.num::<f64>("report-every", 30.0)?.max(0.1)),
+        record_order: record_order_opt(&o)?,
     };
     if !(duration >= 0.0 && duration.is_finite()) {
         return Err(CliError::Usage(
@@ -93,6 +95,8 @@ struct SoakConfig {
     max_prompt: usize,
     max_decode: usize,
     report_every: Duration,
+    /// Where the paged records' scales go, in every cache of the run.
+    record_order: RecordOrder,
 }
 
 /// Largest prefill chunk.
@@ -135,6 +139,7 @@ struct Shape {
     blocks: usize,
     cos_rows: usize,
     max_blocks: usize,
+    record_order: RecordOrder,
 }
 
 impl Shape {
@@ -235,6 +240,7 @@ impl<B: Backend> Side<B> {
                     kv_cache: TensorMut::new(&mut caches[i], sh.cache_desc(l)),
                     cache_slot_mapping: Tensor::new(&cslots_b, idx(n)),
                     fp8_scale: scale(l),
+                    record_order: sh.record_order,
                 })?;
             }
             None => b.fused_save_compress_norm(compress!(ring, &mut latent))?,
@@ -251,6 +257,7 @@ impl<B: Backend> Side<B> {
                 slot_mapping: Tensor::new(&cslots_b, idx(n)),
                 compress_ratio: 2,
                 fp8_scale: scale(l),
+                record_order: sh.record_order,
             })?;
         }
         // A call that must be rejected (slot_mapping longer than the
@@ -266,6 +273,7 @@ impl<B: Backend> Side<B> {
             slot_mapping: Tensor::new(&bad, idx(n + 1)),
             compress_ratio: 2,
             fp8_scale: scale(RecordLayout::ALL[k]),
+            record_order: sh.record_order,
         });
         if rejected.is_ok() || b.read(&caches[k])? != before {
             return Err(dsv4_kvcache::Error::Value {
@@ -308,6 +316,7 @@ impl<B: Backend> Side<B> {
                 },
                 fp8_scale: scale(*l),
                 out: TensorMut::new(&mut o, d(dt, &[rows + 1, DIM])),
+                record_order: sh.record_order,
             })?;
             out.push(b.read(&o)?);
         }
@@ -390,6 +399,7 @@ impl Job for SoakJob {
             blocks: cfg.slots * max_blocks + 1,
             cos_rows: max_total,
             max_blocks,
+            record_order: cfg.record_order,
         };
         let mut rng = Rng::new(cfg.seed);
         let weight: Vec<u16> = (0..DIM)

@@ -6,6 +6,7 @@ use super::{GatherAddressing, GatherLaunch, GatherPlan, GatherRows};
 use crate::kernel_abi::{
     flags as abi_flags, i64_flag, pow2_shift, GatherParams, Geometry, KernelParams,
 };
+use crate::layout::RecordOrder;
 
 /// Flag bits of [`GatherParams::flags`] (`KV_GF_*` in kv_abi.h); bits
 /// 12..14 hold the groups per block as for every kernel
@@ -27,7 +28,10 @@ pub mod gather_flags {
     pub const HAS_STARTS: u32 = defines::KV_GF_HAS_STARTS;
     /// Each group gathers two consecutive rows ([`super::GatherLaunch`]).
     pub const TWO_ROWS: u32 = defines::KV_GF_TWO_ROWS;
+    /// The paged records are in the per-token order.
+    pub const PER_TOKEN: u32 = defines::KV_GF_PER_TOKEN;
     const _: () = assert!(TWO_ROWS < 1 << crate::kernel_abi::flags::GROUPS_LOG2_SHIFT);
+    const _: () = assert!(PER_TOKEN < 1 << crate::kernel_abi::flags::GROUPS_LOG2_SHIFT);
 }
 
 impl KernelParams for GatherParams {
@@ -75,6 +79,9 @@ pub fn gather_params(p: &GatherPlan, b: &GatherPtrs, launch: &GatherLaunch) -> G
     } else {
         0
     };
+    if p.cache.order == RecordOrder::PerToken {
+        f |= gather_flags::PER_TOKEN;
+    }
     match p.addressing {
         GatherAddressing::Slots(s) => {
             g.slots = b.slots + s.offset as u64;

@@ -155,7 +155,12 @@ fn block_table<S: Storage + ?Sized>(t: &Tensor<'_, S>) -> Result<TablePlan> {
 /// Validates `gather_dequant`'s arguments.
 pub fn plan_gather<S: Storage + ?Sized>(a: &GatherArgs<'_, S>) -> Result<GatherPlan> {
     let g = &GATHER;
-    let cache = cache_view(&g.kv_cache, a.kv_cache.buf, &a.kv_cache.desc)?;
+    let cache = cache_view(
+        &g.kv_cache,
+        a.kv_cache.buf,
+        &a.kv_cache.desc,
+        a.record_order,
+    )?;
     let fp8 = fp8_scale(&g.fp8_scale, cache.layout, &a.fp8_scale)?;
     let od = &a.out.desc;
     g.out.dtype(od)?;

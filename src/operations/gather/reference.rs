@@ -133,15 +133,7 @@ impl GatherIn<'_> {
         };
         let c = &self.p.cache;
         let l = c.layout;
-        let page = c.offset + block * c.block_stride;
-        let (values, scales) = if l.is_paged() {
-            (
-                page + row * l.value_bytes(),
-                page + c.block_size * l.value_bytes() + row * l.scale_bytes(),
-            )
-        } else {
-            (page + row * c.row_stride, 0)
-        };
+        let (values, scales) = c.record_offsets(block, row);
         let v = decode_record(
             l,
             &self.cache[values..values + l.value_bytes()],

@@ -11,6 +11,7 @@
 use super::{CompressArgs, FusedArgs, InsertArgs, RingArgs};
 use super::{GatherArgs, GatherIndex};
 use crate::error::{Error, Result};
+use crate::layout::RecordOrder;
 use crate::tensor::{DType, Tensor, TensorDesc, TensorMut};
 
 /// Whether a kernel reads or writes a tensor.
@@ -471,9 +472,9 @@ macro_rules! operation {
 }
 
 operation! {
-    /// `rope_quant_insert`; its scalar is `compress_ratio`.
-    InsertOp = "rope_quant_insert": InsertArgs, InsertTensors, INSERT, u32,
-    |t, compress_ratio, s| Ok(InsertArgs {
+    /// `rope_quant_insert`; its scalars are `compress_ratio` and the record order.
+    InsertOp = "rope_quant_insert": InsertArgs, InsertTensors, INSERT, (u32, RecordOrder),
+    |t, (compress_ratio, record_order), s| Ok(InsertArgs {
         compress_ratio,
         latent: ro(need(&s.latent, t.latent)?),
         positions: ro(need(&s.positions, t.positions)?),
@@ -481,8 +482,9 @@ operation! {
         cos_sin_cache: ro(need(&s.cos_sin_cache, t.cos_sin_cache)?),
         kv_cache: need(&s.kv_cache, t.kv_cache)?,
         fp8_scale: t.fp8_scale.map(ro),
+        record_order,
     }),
-    |a| a.compress_ratio
+    |a| (a.compress_ratio, a.record_order)
 }
 
 /// `fused_save_compress_norm`'s scalars.
@@ -530,31 +532,34 @@ operation! {
 
 operation! {
     /// The fused compress + insert; its scalars are the compressor's and
-    /// `skip_latent_out`.
-    FusedOp = "fused_compress_insert": FusedArgs, FusedTensors, FUSED_INSERT, (CompressScalars, bool),
-    |t, (c, skip_latent_out), s| Ok(FusedArgs {
+    /// `skip_latent_out` and the record order.
+    FusedOp = "fused_compress_insert": FusedArgs, FusedTensors, FUSED_INSERT, (CompressScalars, bool, RecordOrder),
+    |t, (c, skip_latent_out, record_order), s| Ok(FusedArgs {
         compress: CompressOp::from_table(t.compress, c)?,
         skip_latent_out,
         cache_slot_mapping: ro(need(&s.cache_slot_mapping, t.insert.cache_slot_mapping)?),
         cos_sin_cache: ro(need(&s.cos_sin_cache, t.insert.cos_sin_cache)?),
         kv_cache: need(&s.kv_cache, t.insert.kv_cache)?,
         fp8_scale: t.insert.fp8_scale.map(ro),
+        record_order,
     }),
-    |a| (CompressOp::scalars(&a.compress), a.skip_latent_out)
+    |a| (CompressOp::scalars(&a.compress), a.skip_latent_out, a.record_order)
 }
 
 operation! {
     /// `gather_dequant`. The addressing form is the one whose tensors are
     /// given: exactly one of `slot_mapping` and `block_table` with
-    /// `cu_seq_lens` (an [`Error::Value`] otherwise).
-    GatherOp = "gather_dequant": GatherArgs, GatherTensors, GATHER, (),
-    |t, (), s| Ok(GatherArgs {
+    /// `cu_seq_lens` (an [`Error::Value`] otherwise). Its scalar is the record
+    /// order.
+    GatherOp = "gather_dequant": GatherArgs, GatherTensors, GATHER, RecordOrder,
+    |t, record_order, s| Ok(GatherArgs {
         index: gather_index(t.slot_mapping, t.block_table, t.cu_seq_lens, t.seq_starts)?,
         kv_cache: ro(need(&s.kv_cache, t.kv_cache)?),
         fp8_scale: t.fp8_scale.map(ro),
         out: need(&s.out, t.out)?,
+        record_order,
     }),
-    |_| ()
+    |a| a.record_order
 }
 
 /// The gather's addressing form from its given index tensors.
@@ -737,6 +742,7 @@ mod tests {
             slot_mapping: t(),
             compress_ratio: 1,
             fp8_scale: Some(t()),
+            record_order: RecordOrder::PagePlanar,
         };
         let tab = args.tensors();
         assert_eq!(written(tab.list()), ["kv_cache"]);
@@ -752,6 +758,7 @@ mod tests {
             index: GatherIndex::Slots { slot_mapping: t() },
             fp8_scale: None,
             out: TensorMut::new(&mut o, d),
+            record_order: RecordOrder::PagePlanar,
         };
         let tab = gather_args.tensors();
         assert_eq!(written(tab.list()), ["out"]);

@@ -11,7 +11,7 @@ use crate::select::{with_backend, Job};
 use crate::timing::{median_f32, Timing};
 use crate::{CliError, CliResult};
 use anchors::{anchor, ANCHOR_T};
-use dsv4_kvcache::layout::RecordLayout;
+use dsv4_kvcache::layout::{RecordLayout, RecordOrder};
 use dsv4_kvcache::testkit::{make_case, make_gather_case, make_written_gather_case, CaseSpec};
 use dsv4_kvcache::vectors::{Op, VTensor, VectorFile};
 use dsv4_kvcache::{
@@ -151,6 +151,21 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
             random_bytes: false,
         });
     }
+    // The V4.1 records in vLLM 0.34.0's per-token order: the same bytes per
+    // record, stored whole instead of split across the page.
+    for l in [RecordLayout::Mxfp8, RecordLayout::Nvfp4] {
+        v.push(BenchCase {
+            name: format!("insert {} per_token", l.name()),
+            layout: Some(l),
+            spec: CaseSpec {
+                op: Op::RopeQuantInsert,
+                layout: l,
+                record_order: RecordOrder::PerToken,
+                ..base.clone()
+            },
+            random_bytes: false,
+        });
+    }
     v.push(BenchCase {
         name: "compress CR1".into(),
         layout: None,
@@ -226,6 +241,20 @@ fn bench_cases(t: usize) -> Vec<BenchCase> {
                 random_bytes: random,
             });
         }
+    }
+    for l in [RecordLayout::Mxfp8, RecordLayout::Nvfp4] {
+        v.push(BenchCase {
+            name: format!("gather {} per_token", l.name()),
+            layout: Some(l),
+            spec: CaseSpec {
+                op: Op::GatherDequant,
+                layout: l,
+                record_order: RecordOrder::PerToken,
+                requests: 0,
+                ..base.clone()
+            },
+            random_bytes: false,
+        });
     }
     v
 }
@@ -510,6 +539,7 @@ fn separate_us<B: Backend, T: Timing<B>>(
     let ttr = up("token_to_req_indices")?;
     let fp8 = up("fp8_scale")?;
     let eps = f.rms_norm_eps()?;
+    let record_order = f.record_order()?;
     let cr = f.compress_ratio()?;
     fn t<S>(x: &(S, TensorDesc)) -> Tensor<'_, S> {
         Tensor::new(&x.0, x.1)
@@ -537,6 +567,7 @@ fn separate_us<B: Backend, T: Timing<B>>(
             slot_mapping: t(&cslots),
             compress_ratio: cr,
             fp8_scale: fp8.as_ref().map(t),
+            record_order,
         })
     };
     Ok(median_f32(&timing.per_launch_us(b, launches, replays, &mut both)?) as f64)
