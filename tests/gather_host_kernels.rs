@@ -18,7 +18,6 @@ use dsv4_kvcache::gather::{
     gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherPtrs,
 };
 use dsv4_kvcache::ops::SkipCounts;
-use dsv4_kvcache::RecordOrder;
 use dsv4_kvcache::{CpuBackend, DType, GatherArgs, GatherIndex, RecordLayout, Tensor, TensorDesc};
 use dsv4_kvcache::{LaunchPolicy, TensorMut};
 use gather_cases::{layout_sweep, random_case, Case, Form};
@@ -97,7 +96,7 @@ fn run_host(
                 .fp8_scale
                 .map(|_| Tensor::new(&fp8, TensorDesc::contiguous(DType::F32, &[1]))),
             out: TensorMut::new(&mut out, case.out_desc()),
-            record_order: RecordOrder::PagePlanar,
+            record_order: case.order,
         })
         .expect("the case is valid")
     };

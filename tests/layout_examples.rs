@@ -340,10 +340,11 @@ fn readme_library_example() -> dsv4_kvcache::Result<()> {
         slot_mapping: Tensor::new(&slots, TensorDesc::contiguous(DType::I64, &[1])),
         compress_ratio: 1,
         fp8_scale: None,
+        // The seed's order; RecordOrder::PerToken is vLLM 0.34.0's.
         record_order: RecordOrder::PagePlanar,
     })?;
 
-    // A page holds all 64 records' values, then all their scales.
+    // A page-planar page holds all 64 records' values, then all their scales.
     let (values, scales) = (
         &cache[5 * 512..6 * 512],
         &cache[64 * 512 + 5 * 16..64 * 512 + 6 * 16],

@@ -22,7 +22,7 @@ mod common;
 use common::*;
 use dsv4_kvcache::formats::{bf16_to_f32, e4m3_to_f32};
 use dsv4_kvcache::layout::decode_record;
-use dsv4_kvcache::{Backend, CpuBackend, DType, RecordLayout, SkipCounts};
+use dsv4_kvcache::{Backend, CpuBackend, DType, RecordLayout, RecordOrder, SkipCounts};
 use proptest::prelude::*;
 use std::ops::Range;
 
@@ -233,7 +233,7 @@ fn model(c: &Case) -> Effects {
 
 /// Byte ranges of the record of `slot` (values, then scales if any).
 #[allow(clippy::single_range_in_vec_init)]
-fn record_ranges(cache: &Buf, slot: i64) -> Vec<Range<usize>> {
+fn record_ranges(cache: &Buf, order: RecordOrder, slot: i64) -> Vec<Range<usize>> {
     let d = cache.desc;
     let bs = d.shape()[1];
     let (block, row) = (slot as usize / bs, slot as usize % bs);
@@ -242,10 +242,8 @@ fn record_ranges(cache: &Buf, slot: i64) -> Vec<Range<usize>> {
             let l = RecordLayout::from_record_width(d.shape()[2]).expect("paged width");
             let (v, s) = (l.value_bytes(), l.scale_bytes());
             let page = d.offset + block * d.strides()[0];
-            vec![
-                page + row * v..page + (row + 1) * v,
-                page + bs * v + row * s..page + bs * v + (row + 1) * s,
-            ]
+            let (vo, so) = order.record_offsets(l, bs, row);
+            vec![page + vo..page + vo + v, page + so..page + so + s]
         }
         dt => {
             let o = cache.offset_of(&[block, row]);
@@ -263,8 +261,8 @@ fn layout_of(cache: &Buf) -> RecordLayout {
 }
 
 /// The record of `slot` read from cache bytes: (values, scales).
-fn record_of(cache: &Buf, bytes: &[u8], slot: i64) -> (Vec<u8>, Vec<u8>) {
-    let r = record_ranges(cache, slot);
+fn record_of(cache: &Buf, order: RecordOrder, bytes: &[u8], slot: i64) -> (Vec<u8>, Vec<u8>) {
+    let r = record_ranges(cache, order, slot);
     let v = bytes[r[0].clone()].to_vec();
     let s = r.get(1).map_or(vec![], |s| bytes[s.clone()].to_vec());
     (v, s)
@@ -286,9 +284,9 @@ impl Effects {
     }
 
     /// The bytes of `kv_cache` the launch writes.
-    fn record_bytes(&self, cache: &Buf) -> Vec<Range<usize>> {
+    fn record_bytes(&self, cache: &Buf, order: RecordOrder) -> Vec<Range<usize>> {
         let slots = self.records.iter().map(|&(_, s)| s);
-        slots.flat_map(|s| record_ranges(cache, s)).collect()
+        slots.flat_map(|s| record_ranges(cache, order, s)).collect()
     }
 
     /// The bytes of `state_cache` the launch writes.
@@ -414,11 +412,11 @@ fn check_canary(c: &Case) {
         }
     }
     if let (Some(k), Some(after)) = (&c.kv_cache, &out.kv_cache) {
-        let allowed = fx.record_bytes(k);
+        let allowed = fx.record_bytes(k, c.kind.record_order);
         unchanged_outside("kv_cache", &c.name, &k.bytes, after, &allowed);
         for &(t, s) in &fx.records {
-            let (v0, s0) = record_of(k, &k.bytes, s);
-            let (v1, s1) = record_of(k, after, s);
+            let (v0, s0) = record_of(k, c.kind.record_order, &k.bytes, s);
+            let (v1, s1) = record_of(k, c.kind.record_order, after, s);
             assert!(
                 v0 != v1 || s0 != s1,
                 "{}: record of token {t} (slot {s}) not written",
@@ -1055,7 +1053,12 @@ fn check_decode(c: &Case) {
             "{}: finite rotation expected",
             c.name
         );
-        let (v, s) = record_of(cache, out.kv_cache.as_ref().expect("cache out"), slot);
+        let (v, s) = record_of(
+            cache,
+            c.kind.record_order,
+            out.kv_cache.as_ref().expect("cache out"),
+            slot,
+        );
         check_bounds(&c.name, layout, &x, &r, &v, &s, fs);
     }
 }
@@ -1274,7 +1277,7 @@ fn check_specials(c: &Case) {
             .iter()
             .map(|&v| if san && v.is_nan() { 0.0 } else { v })
             .collect();
-        let (v, s) = record_of(cache, after, slot);
+        let (v, s) = record_of(cache, c.kind.record_order, after, slot);
         let name = format!("{} token {t}", c.name);
         // Finite latents small enough that RoPE cannot overflow (see
         // `spec_finite_latent_never_encodes_infinity_` for why the bound).
@@ -1424,6 +1427,7 @@ fn finite_latent_near_bf16_max_can_encode_infinity() {
     let out = run(&c);
     let (v, _) = record_of(
         c.kv_cache.as_ref().expect("cache"),
+        c.kind.record_order,
         out.kv_cache.as_ref().expect("out"),
         0,
     );
@@ -1491,7 +1495,7 @@ fn check_nope_identity(c: &Case) {
         if x[..448].iter().any(|&h| (h & 0x7f80) == 0x7f80) {
             continue; // finite inputs only (inf * 0 is NaN)
         }
-        let (v, _) = record_of(cache, after, slot);
+        let (v, _) = record_of(cache, c.kind.record_order, after, slot);
         for k in 0..224 {
             let got = (
                 u16::from_le_bytes([v[4 * k], v[4 * k + 1]]),
