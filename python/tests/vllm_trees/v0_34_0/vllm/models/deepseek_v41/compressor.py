@@ -1,10 +1,10 @@
-"""Stand-in for vLLM's DeepSeek V4.1 compressor: its import style (the three
-ops bound by name at import) and its call sequence. ``forward`` pools and
-normalizes the step's rows into a latent; under prefill context parallelism
-(``prev_rows``: boundary rows gathered from every rank) the kernel leaves
-the ring alone and ``save_ring_rows`` then stores the ring rows from
-``prev_rows``. ``insert_cache`` publishes the latent to the compressed
-cache. Metadata that vLLM takes from its forward context is passed in."""
+"""Stand-in for vLLM 0.34.0's DeepSeek V4.1 compressor: its import style
+(the three ops bound by name at import) and its call sequence. ``forward``
+pools and normalizes the step's rows into a latent; under prefill context
+parallelism (``prev_rows``: boundary rows gathered from every rank) the
+kernel leaves the ring alone and ``save_ring_rows`` then stores the ring
+rows. ``insert_cache`` publishes the latent to the compressed cache.
+Metadata that vLLM takes from its forward context is passed in."""
 
 from vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache import (
     fused_save_compress_norm,
