@@ -180,3 +180,45 @@ fn a_bad_record_order_is_a_usage_error() {
         );
     }
 }
+
+#[test]
+fn demo_and_soak_run_in_the_per_token_order() {
+    // The V4.1 caches per token, the V4 one page-planar (its only order),
+    // checked byte for byte against the reference as in the default order.
+    let (code, out) = run(&[
+        "soak",
+        "--backend",
+        "cpu1",
+        "--steps",
+        "20",
+        "--slots",
+        "4",
+        "--max-prompt",
+        "90",
+        "--max-decode",
+        "12",
+        "--record-order",
+        "per_token",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("soak summary: 20 steps") && l.ends_with(", 0 mismatches")),
+        "{out}"
+    );
+    let (code, out) = run(&[
+        "demo",
+        "--backend",
+        "cpu",
+        "--requests",
+        "2",
+        "--prefill-tokens",
+        "40",
+        "--decode-steps",
+        "4",
+        "--record-order",
+        "per_token",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("PASS"), "{out}");
+}

@@ -160,6 +160,18 @@ impl RecordOrder {
         }
     }
 
+    /// The order a cache of `layout` takes when a caller asks for this one
+    /// for every layout (the CLI's `--record-order`): itself for the V4.1
+    /// records, the page-planar order for the others (V4 has only that one,
+    /// rows have no scales).
+    pub fn for_layout(self, layout: RecordLayout) -> RecordOrder {
+        if layout.has_record_orders() {
+            self
+        } else {
+            RecordOrder::PagePlanar
+        }
+    }
+
     /// Byte offsets, from the start of its page, of the value bytes and the
     /// scale bytes of the record in row `row` of a paged cache of `layout`
     /// with `block_size` rows per block.

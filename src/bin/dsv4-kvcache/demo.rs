@@ -358,7 +358,7 @@ fn run_scenario<B: Backend>(b: &B, sc: &Scenario, chunked: bool, inserts: bool) 
                 compress_ratio: 2,
                 fp8_scale: (l == RecordLayout::Fp8Rows)
                     .then(|| Tensor::new(&fp8, desc(DType::F32, &[1]))),
-                record_order: sc.record_order,
+                record_order: sc.record_order.for_layout(l),
             })?;
         }
         let bytes = b.read(&latent)?;
@@ -422,7 +422,7 @@ fn reconstruction(
         let want = rotate(&lat, &cos, &sin);
         let (values, scales) = record_at(
             layout,
-            sc.record_order,
+            sc.record_order.for_layout(layout),
             cache,
             sc.cache_slot(req, p) as usize,
         );
@@ -469,7 +469,7 @@ fn time_insert<B: Backend>(
             compress_ratio: 2,
             fp8_scale: (layout == RecordLayout::Fp8Rows)
                 .then(|| Tensor::new(&fp8, desc(DType::F32, &[1]))),
-            record_order: sc.record_order,
+            record_order: sc.record_order.for_layout(layout),
         })
     };
     once(&mut cache)?;

@@ -67,9 +67,10 @@ usage:
       gather_dequant; --requests 0 gathers by slot, --written fills the gather's cache with
       records the writer made, as the bench's 'gather L' rows do, instead of random bytes)
 
-record orders: the 584/528/288 B records in the seed's page-planar order (a page's values,
+record orders: the 528 and 288 B records in the seed's page-planar order (a page's values,
   then its scales; the default) or vLLM 0.34.0's per-token order (each record's scales after
-  its values): --record-order, and the vector files' record_order metadata
+  its values): --record-order, and the vector files' record_order metadata (584 B records are
+  page-planar only)
 environment: DSV4_KVCACHE_SANITIZE=auto|on|off (NaN sanitizing; auto = on for gfx950 only)
 exit status: 0 ok, 1 a check failed, 2 usage error, unreadable file or unavailable backend";
 

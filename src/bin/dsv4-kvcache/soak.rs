@@ -240,7 +240,7 @@ impl<B: Backend> Side<B> {
                     kv_cache: TensorMut::new(&mut caches[i], sh.cache_desc(l)),
                     cache_slot_mapping: Tensor::new(&cslots_b, idx(n)),
                     fp8_scale: scale(l),
-                    record_order: sh.record_order,
+                    record_order: sh.record_order.for_layout(l),
                 })?;
             }
             None => b.fused_save_compress_norm(compress!(ring, &mut latent))?,
@@ -257,7 +257,7 @@ impl<B: Backend> Side<B> {
                 slot_mapping: Tensor::new(&cslots_b, idx(n)),
                 compress_ratio: 2,
                 fp8_scale: scale(l),
-                record_order: sh.record_order,
+                record_order: sh.record_order.for_layout(l),
             })?;
         }
         // A call that must be rejected (slot_mapping longer than the
@@ -273,7 +273,7 @@ impl<B: Backend> Side<B> {
             slot_mapping: Tensor::new(&bad, idx(n + 1)),
             compress_ratio: 2,
             fp8_scale: scale(RecordLayout::ALL[k]),
-            record_order: sh.record_order,
+            record_order: sh.record_order.for_layout(RecordLayout::ALL[k]),
         });
         if rejected.is_ok() || b.read(&caches[k])? != before {
             return Err(dsv4_kvcache::Error::Value {
@@ -316,7 +316,7 @@ impl<B: Backend> Side<B> {
                 },
                 fp8_scale: scale(*l),
                 out: TensorMut::new(&mut o, d(dt, &[rows + 1, DIM])),
-                record_order: sh.record_order,
+                record_order: sh.record_order.for_layout(*l),
             })?;
             out.push(b.read(&o)?);
         }
