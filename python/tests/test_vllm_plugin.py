@@ -42,7 +42,7 @@ NAMES = ("fused_save_compress_norm", "rope_quant_insert", "save_ring_rows")
 V0340_ORDERS = {"584": "planar", "528": "per_token", "288": "per_token", "bf16": None, "fp8": None}
 # The check's cases per function (rope_quant_insert: 5 layouts x 2 ratios x
 # random/adversarial; the compressor: CR1, CR2 ring, CR2 prev_rows x 2).
-CASES = {"fused_save_compress_norm": 6, "rope_quant_insert": 20, "save_ring_rows": 2}
+CASES = {"fused_save_compress_norm": 8, "rope_quant_insert": 20, "save_ring_rows": 2}
 ALL_STEPS = [[layout, cr, pcp] for layout in ("v4", "mxfp8", "nvfp4", "bf16", "fp8")
              for cr, pcp in ((1, False), (2, False), (2, True))]
 
@@ -175,7 +175,7 @@ def test_d444c3d_two_functions_and_584_only():
                "steps": [[layout, cr, False] for layout in ("v4", "bf16", "fp8") for cr in (1, 2)]})
     assert states(r) == {"fused_save_compress_norm": "replaced", "rope_quant_insert": "replaced",
                          "save_ring_rows": "absent"}, r["status"]
-    assert r["status"]["fused_save_compress_norm"]["cases"] == 4
+    assert r["status"]["fused_save_compress_norm"]["cases"] == 6
     rope = r["status"]["rope_quant_insert"]
     assert rope["orders"] == {"584": "planar", "bf16": None, "fp8": None}
     assert (rope["cases"], rope["not_comparable"]) == (20, 8)
@@ -379,7 +379,7 @@ def test_vllm_own_module_files_on_the_cpu(tmp_path, which, names):
     nothing is replaced, with a WARNING per function and one overall."""
     root = _real_tree(tmp_path, which)
     r = probe({"paths": [root], "imports": [OPS]})
-    want_cases = dict(CASES, fused_save_compress_norm=6 if which == "vllm" else 4)
+    want_cases = dict(CASES, fused_save_compress_norm=8 if which == "vllm" else 6)
     for name in NAMES:
         s = r["status"][name]
         if name not in names:
