@@ -196,7 +196,7 @@ fn rocm_script_names_only_existing_things() {
 
 /// `scripts/bench_compare.py` (the same-session table of docs/benchmarks.md)
 /// on a small pair of JSON files in the formats `dsv4-kvcache bench --out`
-/// and `scripts/seed/seed_bench.py --out` write.
+/// and `scripts/peers/seed_bench.py --out` write.
 #[test]
 fn bench_compare_script_makes_the_table() {
     let dir = std::env::temp_dir().join(format!("dsv4-bench-compare-{}", std::process::id()));

@@ -8,10 +8,11 @@ Triton width in turn, ours first in every other one, best of each) vs it at
 N = 1, 16, 128, 1024, 8192, 65536 with a random slot permutation; ours is
 checked against the CPU reference on the same tensors first.
 
-    python scripts/seed/gather_baseline.py [written|random ...]   # on the H200 (torch + triton)
-    GATHER_BASELINE_N=1,16 python scripts/seed/gather_baseline.py written   # some sizes only
-    GATHER_BASELINE_ROUNDS=8 python scripts/seed/gather_baseline.py        # more rounds (4)
-    GATHER_BASELINE_WARPS=4 python scripts/seed/gather_baseline.py         # Triton widths tried (1,2,4,8)
+Usage:
+    python scripts/peers/gather_baseline.py [written|random ...]   # on the H200 (torch + triton)
+    GATHER_BASELINE_N=1,16 python scripts/peers/gather_baseline.py written   # some sizes only
+    GATHER_BASELINE_ROUNDS=8 python scripts/peers/gather_baseline.py        # more rounds (4)
+    GATHER_BASELINE_WARPS=4 python scripts/peers/gather_baseline.py         # Triton widths tried (1,2,4,8)
 
 Two caches: "written" (every row the record of a normally distributed
 latent, written by dsv4_kvcache.rope_quant_insert: what a serving cache
