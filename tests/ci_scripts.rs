@@ -194,7 +194,7 @@ fn rocm_script_names_only_existing_things() {
     assert!(root().join("scripts/rocm-env.sh").is_file());
 }
 
-/// `scripts/bench_compare.py` (the same-session table of docs/benchmarks.md)
+/// `scripts/bench_compare.py` (the peer table of docs/benchmarks.md)
 /// on a small pair of JSON files in the formats `dsv4-kvcache bench --out`
 /// and `scripts/peers/seed_bench.py --out` write.
 #[test]
