@@ -12,11 +12,11 @@ The arguments are the step's metadata and tensors as a scheduler holds them:
 request ``r``'s chunk), ``b`` (the whole batch: ``kv``, ``positions``,
 ``ring_slots``, ``cache_slots``, ``ttr``, ``latent``, ``qsl``, their host
 copies and the ring capacity) and ``w`` (ring, cache, weights, and the
-scenario's index dtype and two-call or fused path). python/tests/
-context_parallel_check.py builds them, checks every rank against one
-process and times a long step: ``python python/tests/context_parallel_check.py
---world 3`` (gloo, CPU), or under ``torchrun --nproc-per-node 2 ...
---device cuda [--bench]``.
+scenario's index dtype and two-call or fused path). The checker builds
+them, compares every rank with one process and times a long step:
+
+    python python/tests/context_parallel_check.py --world 3    # gloo, CPU
+    torchrun --nproc-per-node 2 python/tests/context_parallel_check.py --device cuda [--bench]
 """
 
 from dataclasses import dataclass
