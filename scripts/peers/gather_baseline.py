@@ -1,7 +1,7 @@
 """A straightforward Triton gather (one program per output row, the seed's
 insert style) for MXFP8 and NVFP4, written by this project from
-docs/layouts.md; the H200 baseline of issue 17 item 5, tuned as a user would
-tune it (issue 30): its num_warps the best of 1, 2, 4 and 8 at every N.
+docs/layouts.md: the reader's baseline in docs/benchmarks.md, tuned as a
+user would tune it: its num_warps the best of 1, 2, 4 and 8 at every N.
 Then ours (dsv4_kvcache.gather_dequant, CUDA graph of 20 launches timed as
 the Rust bench times it, scripts/graph_timing.py; four rounds, ours and each
 Triton width in turn, ours first in every other one, best of each) vs it at
