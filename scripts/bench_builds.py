@@ -10,6 +10,7 @@ than the noise is printed in bold; `--fail-slower` exits 1 if any build is
 slower than the base by more than the noise on some row (docs/tuning.md's
 rule: no row may get slower by more than its noise).
 
+Usage:
     python3 scripts/bench_builds.py DIR [--base NAME] [--fail-slower]
     python3 scripts/bench_builds.py NAME=FILE[,FILE...] ... [--base NAME]
 

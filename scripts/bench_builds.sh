@@ -2,6 +2,7 @@
 # Interleaved bench of several prebuilt builds on one GPU, for
 # scripts/bench_builds.py:
 #
+# Usage:
 #   bash scripts/bench_builds.sh OUT ROUNDS NAME=BINARY ... -- BENCH ARGS
 #   python3 scripts/bench_builds.py OUT [--base NAME] [--fail-slower]
 #

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Same-session comparison table for docs/benchmarks.md.
+"""Comparison table for docs/benchmarks.md: ours and the peers on one GPU.
 
 Reads the JSON of `dsv4-kvcache bench --backend cuda --out bench.json` and of
-`scripts/seed/seed_bench.py --out seed_bench.json` (run on the same GPU in the
-same session) and prints, per op and T, "ours / Triton = speed-up" in µs per
+`scripts/peers/seed_bench.py --out seed_bench.json` (run on the same GPU, one
+after the other) and prints, per op and T, "ours / Triton = speed-up" in µs per
 launch, plus each op's share of the SM copy roofline at the largest T.
 
+Usage:
     python3 scripts/bench_compare.py bench.json seed_bench.json
 """
 import json

@@ -6,6 +6,7 @@
 # must accept it as manylinux_2_28, no symbol may need a glibc newer than
 # 2.28, twine check must pass, and the wheel must hold the LICENSE.
 #
+# Usage:
 #   bash scripts/build-wheel.sh OUTDIR
 #
 # Needs cargo, the toolchains of scripts/install-toolchains.sh (nvcc, and the

@@ -2,6 +2,7 @@
 # The CUDA-side checks of a change, on any NVIDIA machine, from prebuilt
 # binaries (the machine needs no Rust):
 #
+# Usage:
 #   bash scripts/gpu-check.sh bundle DIR   # here: build and copy what the run needs into DIR
 #   bash DIR/gpu-check.sh run DIR          # there: run every check, print PASS/FAIL lines
 #

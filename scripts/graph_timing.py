@@ -6,10 +6,13 @@ stream with an event recorded between consecutive ones; each replay's time
 divided by `launches`, in µs. Shared by the scripts that time the package
 beside the bench or the seed's Triton kernels.
 
+Usage: a module, not run by itself; `from graph_timing import graph_us`
+after putting scripts/ on sys.path (scripts/peers/gather_baseline.py does).
+
 Queued replays keep the host's submission of a replay out of its window; a
 replay timed alone (event, replay, event, wait) also counts the time the
 device waits for the host to submit it, which the bench never sees
-(scripts/seed/gather_gap.py measures both)."""
+(scripts/seed/gather_gap.py of commit 0a6f0c3 measured both)."""
 
 import torch
 

@@ -3,6 +3,7 @@
 # on CUDA (hip-on-cuda/, installed as libamdhip64.so on the loader's search
 # path; the backend finds it as it would find ROCm's). See docs/backends.md.
 #
+# Usage:
 #   scripts/hip-on-cuda.sh bundle DIR   build here (needs cargo): the runtime,
 #                                       the test binaries, the CLI, the seed
 #                                       vectors and this script, into DIR

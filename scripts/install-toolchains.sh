@@ -10,6 +10,7 @@
 #     loader and libraries it needs (the real runtime, loaded on a machine without an AMD GPU)
 # Idempotent: a step whose stamp file (recording its exact pins) is present is skipped.
 # Works from any cwd. Needs python3 with pip and network access to PyPI.
+# Usage: bash scripts/install-toolchains.sh
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU time per launch through the Python package against the Rust bench,
-on identical inputs (issue 16, item 5).
+on identical inputs.
 
 For each row, `dsv4-kvcache capture` writes the inputs the bench builds for
 that row (same case generator, same seed: `0xbe4c + T`, two ring rows, four
@@ -13,6 +13,7 @@ reference first. With --marginal, both sides are also timed at 40 launches
 per graph, and the marginal launch ((time of 40 - time of 20) / 20) is
 printed beside them: the per-replay cost of each harness drops out.
 
+Usage:
     PYTHONPATH=SITE python3 scripts/python_graph_time.py --bin path/to/dsv4-kvcache [--tokens 1,1024,8192,65536]
 """
 

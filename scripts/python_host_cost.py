@@ -10,6 +10,7 @@ and validated, nothing computed or launched: the package's own cost), the readin
 and launches nothing), and two floors: an empty native call and
 torch.add(out=) on a tiny tensor.
 
+Usage:
     python scripts/python_host_cost.py [--device cuda] [--site SITE]
 
 The package comes from --site (a wheel unpacked there) or the environment.

@@ -5,6 +5,7 @@
 # embedded, and run every test that needs no GPU, the binding checks against
 # the installed headers included. The device tests print SKIPPED here;
 # scripts/rocm-ci.sh runs them on an MI300/MI350 runner. See docs/backends.md.
+# Usage: bash scripts/rocm-build-ci.sh (in the container, from any cwd)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -4,6 +4,7 @@
 # machine. Meant for the public rocm/dev-ubuntu-24.04 container on a runner
 # with an MI300 (gfx942) or MI350 (gfx950); see docs/backends.md. Not run by
 # this project's own CI, which has no GPU.
+# Usage: bash scripts/rocm-ci.sh (in the container, from any cwd)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

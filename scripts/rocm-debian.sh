@@ -3,7 +3,7 @@
 # touching the system: a private apt configuration (sources, lists, cache under
 # .toolchains/rocm/apt), `apt-get download` of pinned versions, `dpkg -x` into
 # .toolchains/rocm/sysroot. Called by scripts/install-toolchains.sh; idempotent (a stamp
-# records the pins). Writes:
+# records the pins). Usage: bash scripts/rocm-debian.sh. Writes:
 #   .toolchains/rocm/bin/hipcc    a hipcc stand-in: the clang 22 of .toolchains driven with
 #                                 ROCm's headers and device libraries, as hipcc drives its clang
 #   .toolchains/rocm/bin/sid-run  runs a program with sid's loader and libraries (libamdhip64

@@ -1,6 +1,7 @@
 # Sourced by scripts/rocm-build-ci.sh and scripts/rocm-ci.sh: the ROCm paths,
 # the HIP-only build settings, and the checks that cargo and hipcc exist.
 # $1 names the calling script in messages.
+# Usage (not run by itself): source "$(dirname "$0")/rocm-env.sh" NAME
 
 export ROCM_PATH="${ROCM_PATH:-/opt/rocm}"
 export HIPCC="${HIPCC:-$ROCM_PATH/bin/hipcc}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Compares the SASS of two CUDA fatbins function by function.
 
+Usage:
     python3 scripts/sass-diff.py OLD.fatbin NEW.fatbin
 
 Runs `cuobjdump -sass` on both (an NVIDIA machine has it; the pip nvcc

@@ -4,6 +4,7 @@
 # and runs against it the README's Python examples, dsv4_kvcache.info() and
 # the Python test suite (GPU tests say SKIPPED without a GPU).
 #
+# Usage:
 #   bash scripts/test-wheel.sh WHEEL [VENV]
 #
 # VENV defaults to a new temporary folder, removed afterwards. torch and

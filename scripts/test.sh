@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: installs the kernel compilers (idempotent), then
 # builds with the kernels required and runs every test, doc tests included.
+# Usage: bash scripts/test.sh (from any cwd; PYTHON picks the python, default python3)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

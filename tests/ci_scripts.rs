@@ -194,9 +194,9 @@ fn rocm_script_names_only_existing_things() {
     assert!(root().join("scripts/rocm-env.sh").is_file());
 }
 
-/// `scripts/bench_compare.py` (the same-session table of docs/benchmarks.md)
+/// `scripts/bench_compare.py` (the peer table of docs/benchmarks.md)
 /// on a small pair of JSON files in the formats `dsv4-kvcache bench --out`
-/// and `scripts/seed/seed_bench.py --out` write.
+/// and `scripts/peers/seed_bench.py --out` write.
 #[test]
 fn bench_compare_script_makes_the_table() {
     let dir = std::env::temp_dir().join(format!("dsv4-bench-compare-{}", std::process::id()));

@@ -1,5 +1,5 @@
 //! The seed's own Triton kernels (MXFP8 and NVFP4 inserts, run on an NVIDIA
-//! H200 by `scripts/seed/seed_vectors.py`) against the reference: every file
+//! H200 by `scripts/peers/seed_vectors.py`) against the reference: every file
 //! in `tests/vectors/seed_*.safetensors` must replay with zero differing
 //! bytes, NaN, infinity, ±0, e2m1 ties and scale-exponent edge rows included,
 //! on the CPU reference and on each GPU backend (skipped, loudly, without a

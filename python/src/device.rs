@@ -4,7 +4,7 @@
 //! (loading the kernels, allocating the skip counters) and kept; nothing
 //! else is cached across calls, so launches can be captured in graphs.
 
-use crate::call::{Call, Launch, Target};
+use crate::bind::{Call, Launch, Target};
 use crate::tensor::{map_err, Dev, Torch};
 use dsv4_kvcache::backend::cpu::RawHost;
 #[cfg(any(feature = "cuda", feature = "hip"))]

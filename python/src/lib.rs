@@ -2,7 +2,25 @@
 //! over PyTorch tensors, read through their Python attributes (no libtorch),
 //! on the CPU backend (CPU tensors), the CUDA backend (CUDA tensors, torch's
 //! current stream) or the HIP backend (ROCm builds of torch).
+//!
+//! The modules are layers, each using only those listed before it:
+//!
+//! 1. `dlpack`: the DLPack structs and torch's exchange API (C only).
+//! 2. `tensor`: a tensor argument read as a view (address, dtype, shape,
+//!    strides, device), and errors as Python exceptions.
+//! 3. `bind`: one operation's call over views, bound as a target's memory
+//!    and run through its entry point (the CPU's `*_host`, a GPU's
+//!    `*_raw`, the safe API).
+//! 4. `reference`: the CPU reference target (copies of the tensors) and
+//!    `_reference`, which marks the calls it makes for it.
+//! 5. `device`: the backends kept per device, and the one choice between
+//!    them (CPU, CUDA, HIP or, inside `_reference`, the reference).
+//! 6. `call`: the Python arguments of a function, put in its operation's
+//!    order and handed to `device`.
+//! 7. this file: the functions, each an operation's Python signature
+//!    handed to `call`, and the module.
 
+mod bind;
 mod call;
 mod device;
 mod dlpack;

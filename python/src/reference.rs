@@ -5,7 +5,7 @@
 //! the call says (off by default). Tests compare the plain functions (which
 //! bind the tensors' memory directly, on any device) with this path.
 
-use crate::call::{Call, Launch, Mem, Target};
+use crate::bind::{Call, Launch, Mem, Target};
 use crate::tensor::{map_err, Dev, View};
 use dsv4_kvcache::ops::Role;
 use dsv4_kvcache::{Backend, CpuBackend, SkipCounts};

@@ -1,4 +1,5 @@
-"""Prefill context parallelism across processes (python/examples/context_parallel.py):
+"""Prefill context parallelism across processes (python/examples/context_parallel.py,
+checked by context_parallel_check.py):
 each rank's latents, ring rows and records equal one process running the
 same steps whole, for every layout, several splits, and decode steps."""
 
@@ -9,10 +10,9 @@ import sys
 import pytest
 import torch
 
-_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-sys.path.insert(0, _EXAMPLES)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import context_parallel as cp  # noqa: E402
+import context_parallel_check as cp  # noqa: E402
 
 
 def _run(world, backend, device, tmp_path, **extra):

@@ -1,5 +1,7 @@
 """dsv4_kvcache against vLLM's own Triton kernels, byte for byte, on one GPU.
 
+Usage:
+
     python scripts/peers/vllm_kernels.py --vllm ../shared/seed/vllm \
         [--vllm-old ../shared/seed/vllm-d444c3d] [--out report.json]
 

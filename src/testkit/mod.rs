@@ -7,7 +7,7 @@
 //! What the CLI's `capture`, `bench` and `demo`, the Criterion benches and
 //! the tests run. Every value is a function of a seed, so a case is
 //! regenerated bit for bit anywhere (the seed harness's
-//! `scripts/seed/seed_bench.py` rebuilds the bench's inputs from the same
+//! `scripts/peers/seed_bench.py` rebuilds the bench's inputs from the same
 //! rules).
 
 mod calls;

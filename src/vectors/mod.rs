@@ -37,7 +37,7 @@
 //! paged record's scales go, for the inserts and the reader); `source`
 //! and `description` (free text, often JSON).
 //!
-//! The seed harness (`scripts/seed/seed_vectors.py`) writes exactly these
+//! The seed harness (`scripts/peers/seed_vectors.py`) writes exactly these
 //! names. [`VectorFile::replay`] runs a file on any [`Backend`](crate::Backend);
 //! [`VectorFile::capture_reference`] fills in the outputs from the CPU
 //! reference; [`crate::testkit`] builds the inputs of typical cases.

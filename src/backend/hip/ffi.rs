@@ -5,10 +5,7 @@
 //! functions, events, graphs) are opaque pointers; `hipError_t` is a C enum,
 //! an `int` on every ABI HIP supports; `hipDevice_t` is an `int`.
 
-use super::loaded;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 /// `hipError_t`.
 pub(crate) type HipError = c_int;
@@ -58,7 +55,7 @@ macro_rules! hip_api {
             /// # Safety
             /// `lib` must be a HIP runtime whose symbols have the declared
             /// signatures.
-            unsafe fn resolve(lib: libloading::Library, path: String) -> Result<Api, String> {
+            pub(crate) unsafe fn resolve(lib: libloading::Library, path: String) -> Result<Api, String> {
                 $(
                     let $rf = *lib
                         .get::<unsafe extern "C" fn($($ra),*) -> $rr>(concat!($rs, "\0").as_bytes())
@@ -150,90 +147,6 @@ impl Api {
     }
 }
 
-/// The file names tried, in order, when the process has no HIP runtime
-/// loaded yet: the soname-less name and the versioned sonames through the
-/// dynamic loader's search path, then `$ROCM_PATH/lib/libamdhip64.so`, then
-/// `/opt/rocm/lib/libamdhip64.so`.
-pub(crate) fn library_candidates() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = ["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.7"]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
-    if let Some(root) = std::env::var_os("ROCM_PATH").filter(|r| !r.is_empty()) {
-        v.push(PathBuf::from(root).join("lib").join("libamdhip64.so"));
-    }
-    v.push(PathBuf::from("/opt/rocm/lib/libamdhip64.so"));
-    v
-}
-
-/// Whether `path` names a HIP runtime library (`libamdhip64.so`,
-/// `libamdhip64.so.6`, `libamdhip64.so.6.4.43484`, ...) by its file name.
-pub(crate) fn is_hip_runtime_file(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    name.strip_prefix("libamdhip64.so").is_some_and(|rest| {
-        rest.is_empty()
-            || rest
-                .strip_prefix('.')
-                .is_some_and(|v| !v.is_empty() && v.split('.').all(|p| p.parse::<u32>().is_ok()))
-    })
-}
-
-static LOADED: Mutex<Option<Arc<Api>>> = Mutex::new(None);
-
-/// Loads the HIP runtime (once per process; a failure is retried on the next
-/// call, so setting `ROCM_PATH` later can help). A `libamdhip64` that the
-/// process already holds (a ROCm torch wheel loads its own from `torch/lib`)
-/// is used rather than a second copy from the search path: two runtimes in
-/// one process do not share streams, devices or memory. The error names
-/// every path tried and why each failed; [`Api::path`] is the file used.
-pub(crate) fn load() -> Result<Arc<Api>, String> {
-    let mut g = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(api) = g.as_ref() {
-        return Ok(api.clone());
-    }
-    let mut tried = Vec::new();
-    let objects = loaded::objects();
-    if let Some(path) = loaded::first(&objects, is_hip_runtime_file) {
-        match loaded::reopen(path) {
-            Ok(lib) => {
-                let shown = format!("{} (already loaded)", loaded::real_file(path));
-                // SAFETY: the declared signatures are those of hip_runtime_api.h.
-                let api = Arc::new(unsafe { Api::resolve(lib, shown) }?);
-                *g = Some(api.clone());
-                return Ok(api);
-            }
-            Err(e) => tried.push(format!("{path}, already loaded ({e})")),
-        }
-    }
-    for path in library_candidates() {
-        // SAFETY: loading runs the library's initializers; libamdhip64's are
-        // those of the HIP runtime, which is what we want.
-        match unsafe { libloading::Library::new(&path) } {
-            Ok(lib) => {
-                let mut shown = path.display().to_string();
-                // The file the loader picked for a bare name.
-                if let Ok(sym) = unsafe { lib.get::<*const c_void>(b"hipInit\0") } {
-                    if let Some(file) = loaded::file_of(*sym).map(|f| loaded::real_file(&f)) {
-                        if file != shown {
-                            shown = format!("{file} (as {shown})");
-                        }
-                    }
-                }
-                // SAFETY: the declared signatures are those of hip_runtime_api.h.
-                let api = Arc::new(unsafe { Api::resolve(lib, shown) }?);
-                *g = Some(api.clone());
-                return Ok(api);
-            }
-            Err(e) => tried.push(format!("{} ({e})", path.display())),
-        }
-    }
-    Err(format!(
-        "the HIP runtime library libamdhip64.so was not found; tried {}. Install ROCm (6.x or 7.x) or set \
-         ROCM_PATH to its root, or add its lib directory to LD_LIBRARY_PATH",
-        tried.join("; ")
-    ))
-}
-
 /// Offset of `gcnArchName` in `hipDeviceProp_tR0600` (ROCm 6 and 7), as
 /// laid out by `hip_runtime_api.h`; LLVM's `offload-arch` tool reads the
 /// field at this offset too.
@@ -243,105 +156,3 @@ pub(crate) const GCN_ARCH_NAME_OFFSET_R0000: usize = 396;
 /// Bytes reserved for the properties struct: well above either layout's
 /// size (about 1.5 KiB), so a later, longer layout cannot overrun it.
 pub(crate) const DEVICE_PROP_BYTES: usize = 8192;
-
-/// The NUL-terminated string at `off` in `buf`.
-pub(crate) fn c_string_at(buf: &[u8], off: usize) -> Option<&str> {
-    let tail = buf.get(off..)?;
-    let end = tail.iter().position(|&b| b == 0)?;
-    std::str::from_utf8(&tail[..end]).ok()
-}
-
-/// Finds `gcnArchName` in a `hipDeviceProp_t` returned by the runtime:
-/// first at the documented offset of the layout that was asked for, then,
-/// if that does not hold an AMDGPU architecture name, by scanning the struct
-/// for a NUL-terminated string that parses as one (skipping `name`, the
-/// first 256 bytes, which holds the marketing name). The scan makes a
-/// layout change between ROCm releases degrade to a search instead of to a
-/// wrong answer; the parse check keeps it from accepting anything but a
-/// well-formed `gfx...` string.
-pub(crate) fn find_arch_name(props: &[u8], documented_offset: usize) -> Option<String> {
-    let parses = |s: &str| crate::detect::AmdArch::parse(s).is_ok();
-    if let Some(s) = c_string_at(props, documented_offset).filter(|s| parses(s)) {
-        return Some(s.to_string());
-    }
-    let mut i = 256;
-    while i + 3 <= props.len() {
-        if &props[i..i + 3] == b"gfx" && (props[i - 1] == 0) {
-            if let Some(s) = c_string_at(props, i).filter(|s| parses(s)) {
-                return Some(s.to_string());
-            }
-        }
-        i += 1;
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn arch_name_at_documented_offset_or_by_scan() {
-        let mut p = vec![0u8; DEVICE_PROP_BYTES];
-        p[..19].copy_from_slice(b"AMD Instinct MI300X");
-        let arch = b"gfx942:sramecc+:xnack-";
-        p[GCN_ARCH_NAME_OFFSET_R0600..GCN_ARCH_NAME_OFFSET_R0600 + arch.len()]
-            .copy_from_slice(arch);
-        assert_eq!(
-            find_arch_name(&p, GCN_ARCH_NAME_OFFSET_R0600).as_deref(),
-            Some("gfx942:sramecc+:xnack-")
-        );
-        // Wrong offset (a layout change): found by the scan.
-        assert_eq!(
-            find_arch_name(&p, GCN_ARCH_NAME_OFFSET_R0000).as_deref(),
-            Some("gfx942:sramecc+:xnack-")
-        );
-        // Not there at all; a gfx-looking marketing name is not taken.
-        let mut q = vec![0u8; DEVICE_PROP_BYTES];
-        q[..6].copy_from_slice(b"gfx950");
-        q[600..609].copy_from_slice(b"gfxjunk!!");
-        assert_eq!(find_arch_name(&q, GCN_ARCH_NAME_OFFSET_R0600), None);
-    }
-
-    #[test]
-    fn hip_runtime_file_names() {
-        for yes in [
-            "libamdhip64.so",
-            "libamdhip64.so.6",
-            "/opt/rocm-6.4.3/lib/libamdhip64.so.6.4.43484",
-            "/venv/lib/python3.12/site-packages/torch/lib/libamdhip64.so",
-        ] {
-            assert!(is_hip_runtime_file(yes), "{yes}");
-        }
-        for no in [
-            "libamdhip64.so.bak",
-            "libamdhip64.so.",
-            "/x/libamdhip64-6.so",
-            "/x/libamdhip64.so.6/libc.so.6",
-            "libhiprtc.so.6",
-            "/opt/rocm/lib/libamdhip64_static.a",
-        ] {
-            assert!(!is_hip_runtime_file(no), "{no}");
-        }
-        let objects = vec![
-            "/lib/x86_64-linux-gnu/libc.so.6".to_string(),
-            "/venv/torch/lib/libamdhip64.so".to_string(),
-            "/opt/rocm/lib/libamdhip64.so.6".to_string(),
-        ];
-        assert_eq!(
-            loaded::first(&objects, is_hip_runtime_file),
-            Some("/venv/torch/lib/libamdhip64.so")
-        );
-        assert_eq!(loaded::first(&objects[..1], is_hip_runtime_file), None);
-    }
-
-    #[test]
-    fn candidates_start_with_the_soname() {
-        let c = library_candidates();
-        assert_eq!(c[0], PathBuf::from("libamdhip64.so"));
-        assert_eq!(
-            c.last().unwrap(),
-            &PathBuf::from("/opt/rocm/lib/libamdhip64.so")
-        );
-    }
-}

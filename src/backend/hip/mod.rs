@@ -26,6 +26,11 @@
 //! before, `hipSetDevice` after), as the CUDA backend restores the caller's
 //! context: a call on a tensor of device 1 leaves torch's device 0 current.
 //!
+//! This file is the driver (opening a device, the [`Driver`] methods);
+//! beside it, `runtime` finds and loads the runtime (with `loaded`, the
+//! process's loaded objects), `ffi` is its symbol table, `device` asks it
+//! about devices, and `handles` holds the objects it returns.
+//!
 //! The bindings are this crate's own (`hip/ffi.rs`, about thirty C entry
 //! points over `libloading`) rather than `cubecl-hip-sys`: the backend needs
 //! only a handful of long-stable symbols of the module API (`hipModuleLoadData`,
@@ -56,17 +61,24 @@
 //! `hipModuleLaunchKernel`, with the dynamic shared memory (LDS) the CR2
 //! team kernels need, on the backend's stream or the caller's.
 
+mod device;
 mod ffi;
+mod handles;
 mod loaded;
+mod runtime;
 
-use self::ffi::{Api, HipError, Stream, HIP_ERROR_NO_DEVICE, HIP_SUCCESS};
+pub use self::device::probe;
+use self::device::{device_arch, device_count, device_name, init_runtime, total_mem};
+use self::ffi::{Api, HipError, Stream, HIP_SUCCESS};
+use self::handles::DeviceGuard;
+pub use self::handles::{Handle, HipEvent, HipGraphExec, HipMemory, HipOwned, HipStream};
 use super::gpu::driver::Params;
 use super::gpu::{DeviceFacts, Driver, GpuBackend};
 use super::raw::RawStream;
 use crate::detect::{sanitize_for, AmdArch, SanitizePolicy};
 use crate::error::{Error, Result};
 use crate::kernel_abi::{Geometry, Kernel};
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_int, c_void, CString};
 use std::ptr::null_mut;
 use std::sync::Arc;
 
@@ -89,124 +101,6 @@ pub type HipBuffer = super::gpu::DeviceBuffer<HipDriver>;
 pub type HipGraph<'a> = super::gpu::CapturedGraph<'a, HipDriver>;
 
 pub use super::raw::RawDevice;
-
-/// A HIP handle (stream, module, function, event, graph).
-#[derive(Debug, Clone, Copy)]
-pub struct Handle(*mut c_void);
-
-// SAFETY: HIP handles are process-wide identifiers; the runtime's calls on
-// them are thread-safe.
-unsafe impl Send for Handle {}
-// SAFETY: as above.
-unsafe impl Sync for Handle {}
-
-impl Handle {
-    const NULL: Handle = Handle(null_mut());
-}
-
-/// The caller's current HIP device, made current again on drop (as the
-/// CUDA backend restores the caller's context): a ROCm torch process keeps
-/// its own current device, which a call on a tensor of another device must
-/// not change.
-struct DeviceGuard<'a> {
-    api: &'a Api,
-    /// The device to restore, when `select` changed it.
-    previous: Option<c_int>,
-}
-
-impl<'a> DeviceGuard<'a> {
-    /// Makes `device` current on this thread (no call when it already is).
-    fn select(api: &'a Api, device: c_int) -> Result<Self> {
-        let mut current: c_int = -1;
-        // SAFETY: valid out-pointer.
-        check(api, "hipGetDevice", unsafe {
-            (api.get_device)(&mut current)
-        })?;
-        if current == device {
-            return Ok(DeviceGuard {
-                api,
-                previous: None,
-            });
-        }
-        // SAFETY: plain C call; an invalid ordinal is an error code.
-        check(api, "hipSetDevice", unsafe { (api.set_device)(device) })?;
-        Ok(DeviceGuard {
-            api,
-            previous: Some(current),
-        })
-    }
-}
-
-impl Drop for DeviceGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(d) = self.previous {
-            // SAFETY: d was current a moment ago, so it is a valid ordinal;
-            // an error cannot be reported from drop.
-            unsafe { (self.api.set_device)(d) };
-        }
-    }
-}
-
-/// A runtime object (an allocation, a stream, an event) released on drop
-/// by the call that frees it; an error there cannot be reported.
-pub struct HipOwned {
-    handle: Handle,
-    release: unsafe extern "C" fn(*mut c_void) -> HipError,
-    /// Keeps the library, and so `release`, loaded.
-    _api: Arc<Api>,
-}
-
-impl HipOwned {
-    fn new(
-        api: &Arc<Api>,
-        handle: *mut c_void,
-        release: unsafe extern "C" fn(*mut c_void) -> HipError,
-    ) -> Self {
-        HipOwned {
-            handle: Handle(handle),
-            release,
-            _api: api.clone(),
-        }
-    }
-}
-
-impl Drop for HipOwned {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from the call `release` undoes and is
-        // released once; queued work on a stream still completes.
-        unsafe { (self.release)(self.handle.0) };
-    }
-}
-
-/// A `hipMalloc` allocation, freed (`hipFree`) on drop.
-pub type HipMemory = HipOwned;
-
-/// A `hipStreamCreate` stream, destroyed on drop.
-pub type HipStream = HipOwned;
-
-/// A HIP event, destroyed on drop.
-pub type HipEvent = HipOwned;
-
-/// A captured graph and its executable instance, destroyed on drop.
-pub struct HipGraphExec {
-    graph: Handle,
-    exec: Handle,
-    api: Arc<Api>,
-}
-
-impl Drop for HipGraphExec {
-    fn drop(&mut self) {
-        // SAFETY: handles created by end_capture, released once.
-        unsafe {
-            if let (false, Some(f)) = (self.exec.0.is_null(), self.api.graph_exec_destroy) {
-                f(self.exec.0);
-            }
-            if let (false, Some(f)) = (self.graph.0.is_null(), self.api.graph_destroy) {
-                f(self.graph.0);
-            }
-        }
-    }
-}
 
 /// The HIP runtime on one device: its stream and the embedded code object
 /// for its architecture loaded as a module.
@@ -317,7 +211,7 @@ impl HipDriver {
     /// Whether a HIP runtime library can be loaded on this machine (it may
     /// still have no device).
     pub fn library_present() -> bool {
-        ffi::load().is_ok()
+        runtime::load().is_ok()
     }
 
     /// The device's architecture, as it reports it.
@@ -667,177 +561,5 @@ fn setup(api: &Api, call: &'static str, code: HipError, what: &str) -> Result<()
             api.error_message(code),
             api.path
         )))
-    }
-}
-
-/// Loads the runtime and runs `hipInit`, with the no-device case spelled out.
-fn init_runtime() -> Result<Arc<Api>> {
-    let api = ffi::load().map_err(unavailable)?;
-    // SAFETY: plain C call.
-    let code = unsafe { (api.init)(0) };
-    if code == HIP_ERROR_NO_DEVICE {
-        return Err(unavailable(format!(
-            "the HIP runtime {} found no AMD GPU (hipInit: {}); check that the amdgpu driver is loaded, /dev/kfd \
-             is accessible and HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES do not hide the devices",
-            api.path,
-            api.error_message(code)
-        )));
-    }
-    setup(&api, "hipInit", code, "")?;
-    Ok(api)
-}
-
-fn device_count(api: &Api) -> Result<usize> {
-    let mut n: c_int = 0;
-    // SAFETY: n is a valid out-pointer.
-    let code = unsafe { (api.get_device_count)(&mut n) };
-    if code == HIP_ERROR_NO_DEVICE {
-        return Ok(0);
-    }
-    setup(api, "hipGetDeviceCount", code, "")?;
-    Ok(n.max(0) as usize)
-}
-
-fn device_name(api: &Api, device: c_int) -> Result<String> {
-    let mut dev: c_int = 0;
-    // SAFETY: valid out-pointer.
-    setup(
-        api,
-        "hipDeviceGet",
-        unsafe { (api.device_get)(&mut dev, device) },
-        "",
-    )?;
-    let mut buf = [0 as c_char; 256];
-    // SAFETY: buf holds 256 chars; the runtime writes a NUL-terminated name.
-    setup(
-        api,
-        "hipDeviceGetName",
-        unsafe { (api.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, dev) },
-        "",
-    )?;
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    Ok(String::from_utf8_lossy(&bytes).trim().to_string())
-}
-
-/// The device's `gcnArchName` (see the module docs for how it is read).
-fn device_arch(api: &Api, device: c_int) -> Result<AmdArch> {
-    let (f, call, offset) = match (api.get_device_properties_r0600, api.get_device_properties) {
-        (Some(f), _) => (
-            f,
-            "hipGetDevicePropertiesR0600",
-            ffi::GCN_ARCH_NAME_OFFSET_R0600,
-        ),
-        (None, Some(f)) => (f, "hipGetDeviceProperties", ffi::GCN_ARCH_NAME_OFFSET_R0000),
-        (None, None) => {
-            return Err(unavailable(format!(
-            "the HIP runtime {} has neither hipGetDevicePropertiesR0600 nor hipGetDeviceProperties",
-            api.path
-        )))
-        }
-    };
-    // u64 elements: 8-byte alignment, as the C struct has.
-    let mut props = vec![0u64; ffi::DEVICE_PROP_BYTES / 8];
-    // SAFETY: the buffer is larger than any hipDeviceProp_t layout.
-    setup(
-        api,
-        call,
-        unsafe { f(props.as_mut_ptr() as *mut c_void, device) },
-        &format!("for device {device}"),
-    )?;
-    let bytes: Vec<u8> = props.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    let name = ffi::find_arch_name(&bytes, offset).ok_or_else(|| {
-        unavailable(format!(
-            "{call} for device {device} returned no gcnArchName (looked at offset {offset}, then for any gfx... \
-             string; HIP runtime {})",
-            api.path
-        ))
-    })?;
-    AmdArch::parse(&name).map_err(|e| unavailable(format!("device {device}: {e}")))
-}
-
-fn total_mem(api: &Api, device: c_int) -> Option<usize> {
-    let f = api.device_total_mem?;
-    let mut bytes = 0usize;
-    // SAFETY: valid out-pointer.
-    (unsafe { f(&mut bytes, device) } == HIP_SUCCESS).then_some(bytes)
-}
-
-fn version(f: Option<unsafe extern "C" fn(*mut c_int) -> HipError>) -> Option<String> {
-    let mut v: c_int = 0;
-    // SAFETY: valid out-pointer.
-    (unsafe { f?(&mut v) } == HIP_SUCCESS).then(|| {
-        // HIP_VERSION = major * 10^7 + minor * 10^5 + patch.
-        format!("{}.{}.{}", v / 10_000_000, (v / 100_000) % 100, v % 100_000)
-    })
-}
-
-/// What HIP runtime and devices this process can use, one line each, or why
-/// none (an [`Error::Unavailable`]), for `dsv4-kvcache info`.
-pub fn probe() -> std::result::Result<String, Error> {
-    let api = init_runtime()?;
-    let count = device_count(&api)?;
-    let runtime = version(api.runtime_get_version).unwrap_or_else(|| "?".into());
-    let driver = version(api.driver_get_version).unwrap_or_else(|| "?".into());
-    if count == 0 {
-        return Err(unavailable(format!(
-            "the HIP runtime {runtime} ({}) sees no AMD GPU",
-            api.path
-        )));
-    }
-    let policy = SanitizePolicy::from_env();
-    let mut out = format!(
-        "HIP runtime {runtime} (driver {driver}) from {}, {count} device(s); embedded code objects: {}",
-        api.path,
-        if crate::kernels::hip_targets().is_empty() {
-            "none".to_string()
-        } else {
-            crate::kernels::hip_targets().join(", ")
-        }
-    );
-    for d in 0..count {
-        let ordinal = d as c_int;
-        let name =
-            device_name(&api, ordinal).unwrap_or_else(|e| format!("(name unavailable: {e})"));
-        let mem = total_mem(&api, ordinal).map_or(String::new(), |b| format!(", {} GiB", b >> 30));
-        let line = match device_arch(&api, ordinal) {
-            Err(e) => format!("hip:{d} {name}{mem}: {e}"),
-            Ok(arch) => {
-                let target = match arch.code_object_target() {
-                    Ok(t) => format!("code object {t}"),
-                    Err(Error::Unavailable { reason, .. }) => format!("NOT USABLE: {reason}"),
-                    Err(e) => format!("NOT USABLE: {e}"),
-                };
-                let sanitize = match &policy {
-                    Ok(p) => format!(
-                        "sanitize {} (policy {p})",
-                        if sanitize_for(&arch, *p) { "on" } else { "off" }
-                    ),
-                    Err(e) => format!("sanitize policy invalid: {e}"),
-                };
-                format!("hip:{d} {name}, {arch}{mem}, {target}, {sanitize}")
-            }
-        };
-        out.push_str("\n  ");
-        out.push_str(&line);
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versions_decode() {
-        unsafe extern "C" fn v(out: *mut c_int) -> HipError {
-            *out = 60_443_483;
-            HIP_SUCCESS
-        }
-        assert_eq!(version(Some(v)).as_deref(), Some("6.4.43483"));
-        assert_eq!(version(None), None);
     }
 }

@@ -11,6 +11,8 @@ Rounding is modelled exactly:
   made round-to-odd with a TwoSum error term, and round-to-odd at 53 bits
   followed by one rounding to 24 bits is a correct single rounding;
 - IEEE f32 division is numpy's float32 divide.
+
+Usage: a module, not run by itself; seed_vectors.py and selftest_cpu.py import it.
 """
 
 import numpy as np

@@ -17,8 +17,14 @@ Also writes summary.json: for every file, how the seed's bytes compare with a
 numpy model of shared/spec/semantics.md (spec_ref.py). That comparison is a
 report only; the vectors are always the seed's bytes.
 
-GPU host:   python3 scripts/seed/seed_vectors.py --seed-doc .carry/seed.txt --out $OUT/vectors
-CPU check:  TRITON_INTERPRET=1 python3 scripts/seed/seed_vectors.py --device cpu --out /tmp/v
+Over 400 lines because of `Inputs` (about 310): the adversarial rows, one
+category after another, each placed in the positions and `cos_sin` rows the
+next relies on (pairs for CR2, shared table rows); split across files, the
+layout of one input set would have to be read in several places.
+
+Usage:
+GPU host:   python3 scripts/peers/seed_vectors.py --seed-doc .carry/seed.txt --out $OUT/vectors
+CPU check:  TRITON_INTERPRET=1 python3 scripts/peers/seed_vectors.py --device cpu --out /tmp/v
             (the interpreter's fp8 conversion and NaN handling differ from the
             GPU: such files are for plumbing checks only and say so in `source`)
 """
@@ -442,7 +448,7 @@ def main():
     slots_t = torch.from_numpy(slots)
 
     description_base = {
-        "generator": "scripts/seed/seed_vectors.py",
+        "generator": "scripts/peers/seed_vectors.py",
         "rng_seed": RNG_SEED,
         "tokens": args.tokens,
         "block_size": BLOCK_SIZE,

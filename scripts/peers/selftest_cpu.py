@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU self-test of the seed scripts' own parts (no GPU needed).
 
-    TRITON_INTERPRET=1 python3 scripts/seed/selftest_cpu.py [--seed-doc PATH]
+Usage:
+    TRITON_INTERPRET=1 python3 scripts/peers/selftest_cpu.py [--seed-doc PATH]
 
 1. e2m1 (pure numpy): the compare chain used by the Triton helper against an
    independent nearest-value model, over every tie point, every code value,

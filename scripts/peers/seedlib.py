@@ -7,6 +7,8 @@ a private temporary file (Triton's `@jit` needs `inspect.getsourcelines`, which
 needs a file) and executed in a namespace that holds `triton`, `tl` and the
 e2m1 packing helper `_fp32x2_to_fp4x2` defined below, which this project wrote
 from `shared/spec/semantics.md` (the seed references but does not show it).
+
+Usage: a module, not run by itself; the other scripts here import it.
 """
 
 import ast

@@ -6,6 +6,8 @@ other operations the way anchors.md describes. They follow the spec's layouts
 but are timing baselines, not reference implementations (RoPE is written as
 plain Triton arithmetic; whether the compiler contracts it into the fma form
 of semantics.md is not controlled here).
+
+Usage: a module, not run by itself; seed_bench.py imports it.
 """
 
 import torch

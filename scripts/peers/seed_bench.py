@@ -25,8 +25,9 @@ Rows:
   order reversed in every other round, and its best median kept (an
   interleaved comparison, neither side always first).
 
-GPU host:  python3 scripts/seed/seed_bench.py --seed-doc .carry/seed.txt --out $OUT/seed_bench.json
-CPU smoke: TRITON_INTERPRET=1 python3 scripts/seed/seed_bench.py --device cpu --smoke
+Usage:
+GPU host:  python3 scripts/peers/seed_bench.py --seed-doc .carry/seed.txt --out $OUT/seed_bench.json
+CPU smoke: TRITON_INTERPRET=1 python3 scripts/peers/seed_bench.py --device cpu --smoke
            (runs every op once at small T, no timing)
 """
 
@@ -187,7 +188,7 @@ def main():
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "seed_kernel_sha256": hashes,
-        "own_baselines": "own Triton baseline written from the spec (scripts/seed/own_baselines.py), not seed code",
+        "own_baselines": "own Triton baseline written from the spec (scripts/peers/own_baselines.py), not seed code",
     }
     results = {}  # label -> {T: us}
     kinds = {}

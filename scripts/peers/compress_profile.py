@@ -1,10 +1,11 @@
 """Runs seed_bench.py's compressor ops (the package's and the Triton peer's,
 on the same tensors) once each inside a CUDA profiler range, so that Nsight
-Compute profiles exactly those launches side by side:
+Compute profiles exactly those launches side by side.
 
+Usage:
     ncu --profile-from-start off --section SpeedOfLight --section LaunchStats \
         --section Occupancy --section WarpStateStats --csv --page details \
-        python3 scripts/seed/compress_profile.py --tokens 16,1024 --match CR1
+        python3 scripts/peers/compress_profile.py --tokens 16,1024 --match CR1
 
 Every op is called twice before the range (Triton's compile, the package's
 first launch), then once inside it, in seed_bench's order. Without ncu the

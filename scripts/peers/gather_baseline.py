@@ -1,17 +1,18 @@
 """A straightforward Triton gather (one program per output row, the seed's
 insert style) for MXFP8 and NVFP4, written by this project from
-docs/layouts.md; the H200 baseline of issue 17 item 5, tuned as a user would
-tune it (issue 30): its num_warps the best of 1, 2, 4 and 8 at every N.
+docs/layouts.md: the reader's baseline in docs/benchmarks.md, tuned as a
+user would tune it: its num_warps the best of 1, 2, 4 and 8 at every N.
 Then ours (dsv4_kvcache.gather_dequant, CUDA graph of 20 launches timed as
 the Rust bench times it, scripts/graph_timing.py; four rounds, ours and each
 Triton width in turn, ours first in every other one, best of each) vs it at
 N = 1, 16, 128, 1024, 8192, 65536 with a random slot permutation; ours is
 checked against the CPU reference on the same tensors first.
 
-    python scripts/seed/gather_baseline.py [written|random ...]   # on the H200 (torch + triton)
-    GATHER_BASELINE_N=1,16 python scripts/seed/gather_baseline.py written   # some sizes only
-    GATHER_BASELINE_ROUNDS=8 python scripts/seed/gather_baseline.py        # more rounds (4)
-    GATHER_BASELINE_WARPS=4 python scripts/seed/gather_baseline.py         # Triton widths tried (1,2,4,8)
+Usage:
+    python scripts/peers/gather_baseline.py [written|random ...]   # on the H200 (torch + triton)
+    GATHER_BASELINE_N=1,16 python scripts/peers/gather_baseline.py written   # some sizes only
+    GATHER_BASELINE_ROUNDS=8 python scripts/peers/gather_baseline.py        # more rounds (4)
+    GATHER_BASELINE_WARPS=4 python scripts/peers/gather_baseline.py         # Triton widths tried (1,2,4,8)
 
 Two caches: "written" (every row the record of a normally distributed
 latent, written by dsv4_kvcache.rope_quant_insert: what a serving cache

@@ -1,4 +1,4 @@
-"""Issue 16 item 5 on a CUDA GPU: the Python package against the seed's
+"""On a CUDA GPU: the Python package against the seed's
 Triton kernels on the same torch tensors, graph capture, host cost and
 GPU time per launch. Prints a compact report (and --out JSON).
 
@@ -6,6 +6,9 @@ The seed's two insert kernels are cut out of the seed document at run time
 (seedlib, as the other seed scripts do); nothing of the seed is stored here.
 The package comes from a wheel unpacked into --site (see the report's
 command), or from the environment.
+
+Usage:
+    PYTHONPATH=SITE python3 scripts/peers/python_vs_seed.py --seed-doc seed.txt --site SITE [--calls N] [--out JSON]
 """
 
 import argparse

@@ -2,7 +2,8 @@
 """Compile every kernel the seed scripts launch for sm_90 without a GPU, and
 check what the compiler made of the parts semantics.md is precise about.
 
-    python3 scripts/seed/aot_check.py [--seed-doc PATH] [--ptx-dir DIR]
+Usage:
+    python3 scripts/peers/aot_check.py [--seed-doc PATH] [--ptx-dir DIR]
 
 (no TRITON_INTERPRET; needs only the triton wheel, whose bundled ptxas turns
 the PTX into a cubin, so a compile error on the GPU host shows up here first.)
