@@ -47,7 +47,7 @@ pub mod testkit;
 pub mod vectors;
 
 // Each module also at the crate root, where callers have always named it.
-pub use device::{detect, kernel_abi, kernels, launch};
+pub use device::{detect, kernel_abi, kernels, launch, targets};
 pub use numerics::{formats, layout, math, reference};
 pub use operations::{gather, ops, tensor};
 
