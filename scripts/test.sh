@@ -33,9 +33,14 @@ echo "test.sh: release wheel built and checked in $((SECONDS - t0)) s"
 # .venv keeps the wheel too, for scripts and local runs against it.
 .venv/bin/python -m pip install -q --force-reinstall --no-deps target/wheels/dsv4_kvcache-*.whl
 
-# The suite runs once, against the wheel where nothing can compile: a fresh
-# venv, PATH without cargo or any kernel compiler, the README's examples, then
-# the pytest suite.
-t0=$SECONDS
-PYTHON="$PY" bash scripts/test-wheel.sh target/wheels/dsv4_kvcache-*.whl
-echo "test.sh: wheel tested in a fresh venv without compilers in $((SECONDS - t0)) s"
+# The suite runs against the wheel where nothing can compile: a fresh venv,
+# PATH without cargo or any kernel compiler, the README's examples, then the
+# pytest suite; twice, beside the oldest torch the `torch` extra allows (2.9.0,
+# vLLM's pin) and beside the newest. One after the other: each venv (torch
+# with its CUDA libraries, about 5 GB) is removed before the next is made.
+for torch_spec in torch==2.9.0 torch; do
+    t0=$SECONDS
+    TORCH_SPEC=$torch_spec PYTHON="$PY" bash scripts/test-wheel.sh target/wheels/dsv4_kvcache-*.whl
+    echo "test.sh: wheel tested beside $torch_spec in a fresh venv without compilers in $((SECONDS - t0)) s"
+done
+

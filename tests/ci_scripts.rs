@@ -394,3 +394,40 @@ fn gpu_check_script_names_only_existing_things() {
     let tests = script_names_only_existing_things("scripts/gpu-check.sh", "$bin/");
     assert!(tests >= 4, "gpu-check.sh runs {tests} test binaries");
 }
+
+/// The `torch` extra's floor is what CI tests the wheel beside: pyproject's
+/// `torch>=X.Y`, and scripts/test.sh runs scripts/test-wheel.sh with
+/// `torch==X.Y.0` and with the newest torch, which test-wheel.sh installs
+/// (TORCH_SPEC) and checks is the version that imports.
+#[test]
+fn torch_floor_is_the_tested_torch() {
+    let pyproject =
+        std::fs::read_to_string(root().join("python/pyproject.toml")).expect("pyproject.toml");
+    let floor = pyproject
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("torch = [\"torch>="))
+        .and_then(|r| r.split('"').next())
+        .expect("a torch>=X.Y extra");
+    assert_eq!(floor, "2.9", "the extra's floor is vLLM's torch pin");
+    let test = std::fs::read_to_string(root().join("scripts/test.sh")).expect("test.sh");
+    let line = test
+        .lines()
+        .find(|l| l.trim_start().starts_with("for torch_spec in "))
+        .expect("test.sh loops over torch versions");
+    let specs: Vec<&str> = line
+        .trim_start()
+        .trim_start_matches("for torch_spec in ")
+        .trim_end_matches("; do")
+        .split_whitespace()
+        .collect();
+    assert_eq!(specs, [format!("torch=={floor}.0").as_str(), "torch"]);
+    assert!(test.contains("TORCH_SPEC=$torch_spec") && test.contains("scripts/test-wheel.sh"));
+    let wheel =
+        std::fs::read_to_string(root().join("scripts/test-wheel.sh")).expect("test-wheel.sh");
+    assert!(
+        wheel.contains("\"$TORCH_SPEC\" pytest"),
+        "test-wheel.sh installs TORCH_SPEC"
+    );
+    assert!(wheel.contains("torch.__version__.split(\"+\")[0] == want"));
+}
+
