@@ -5,7 +5,7 @@
 #     ptxas -> .toolchains/cuda12/nvidia/cuda_nvcc/bin/ptxas (build.rs's default CUDA build)
 #   - nvcc (CUDA 13.0) from NVIDIA's wheels  -> .toolchains/py/nvidia/cu13/bin/nvcc: its
 #     fatbinary packs the 12.9 images, and DSV4_KVCACHE_CUDA_TOOLKIT=13.0 builds with it
-#   - ziglang 0.17.0 (bundles clang 22, which compiles HIP device code for gfx942 and gfx950)
+#   - ziglang 0.17.0 (bundles clang 22, which compiles HIP device code for gfx90a, gfx942 and gfx950)
 #     with wrappers .toolchains/bin/{hip-clang,lld,ld.lld}
 #   - libclang 18.1.1 from PyPI into .toolchains/libclang (bindgen loads it at run time,
 #     tests/rocm_bindgen.rs)

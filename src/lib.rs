@@ -1,8 +1,9 @@
 //! # dsv4-kvcache
 //!
 //! DeepSeek V4 / V4.1 compressed KV-cache records, written bit-identically by
-//! a CPU reference, AMD GPUs (HIP: gfx942, gfx950) and NVIDIA GPUs (CUDA:
-//! sm_90, sm_100).
+//! a CPU reference, AMD GPUs (HIP: gfx90a, gfx942, gfx950) and NVIDIA GPUs
+//! (CUDA: SASS for sm_90, sm_100, sm_103, sm_120, and compute_90 PTX for
+//! later GPUs).
 //!
 //! The three operations of the seed module are implemented with the exact
 //! semantics of `semantics.md`:

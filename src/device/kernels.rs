@@ -10,7 +10,7 @@
 //!   JIT-compile), built by CUDA 12.9 by default, and
 //! * one AMDGPU code object (an ELF shared object, loadable with
 //!   `hipModuleLoadData`) per target of `DSV4_KVCACHE_HIP_ARCHS` (default
-//!   `gfx942,gfx950`),
+//!   `gfx90a,gfx942,gfx950`),
 //!
 //! and embeds them in the binary. A backend whose compiler was not found at
 //! build time has no artifacts here; [`missing_reasons`] then says why and how
@@ -26,8 +26,8 @@ pub fn cuda_fatbin() -> Option<&'static [u8]> {
     CUDA_FATBIN
 }
 
-/// The CUDA architectures in [`cuda_fatbin`], e.g. `["sm_90", "sm_100"]`; empty
-/// when no fatbin was built.
+/// The CUDA SASS architectures in [`cuda_fatbin`], e.g. `["sm_90", "sm_100",
+/// "sm_103", "sm_120"]`; empty when no fatbin was built.
 pub fn cuda_targets() -> &'static [&'static str] {
     CUDA_TARGETS
 }
