@@ -15,6 +15,11 @@ pub const HIP_FLAGS: &[&str] = &[
     "-fno-gpu-flush-denormals-to-zero",
     "-fhip-fp32-correctly-rounded-divide-sqrt",
     "-fno-fast-math",
+    // A fixed compilation-unit id: clang otherwise hashes the input and the
+    // command line (the output folder, so the checkout and the cargo target)
+    // into a `__hip_cuid_<hash>` symbol, and two builds of the same source,
+    // an x86_64 and an aarch64 wheel's, would embed different bytes.
+    "-cuid=dsv4_kvcache",
 ];
 
 /// The extra flags of a plain clang (no ROCm device library or headers).

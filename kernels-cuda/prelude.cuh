@@ -8,19 +8,47 @@
 // caller's flags differ.
 #pragma once
 
+#if defined(__CUDACC_RTC__)
+// NVRTC (the CUDA 12.9 build of scripts/install-toolchains.sh: the registry
+// has that release's compiler library, not its nvcc) has no C library
+// headers: the fixed-width types spelled as glibc's <stdint.h> spells them
+// on LP64 (uint64_t is unsigned long), so both builds see the same types.
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long uint64_t;
+typedef int int32_t;
+typedef long int64_t;
+// nvcc's front end takes GCC's __builtin_clz in device code (kv_math.h uses
+// it, as clang does for AMD); NVRTC's does not: the same count-leading-zeros
+// instruction through the CUDA intrinsic. Every use passes a nonzero value.
+#define __builtin_clz(x) __clz((int)(x))
+#else
 #include <stdint.h>
+#endif
 
 #define KV_KERNEL extern "C" __global__
 #define KV_DEVICE __device__ __forceinline__
 #define KV_SHARED __shared__
 #define KV_RESTRICT __restrict__
-// KV_BOUNDS(n, sm90, sm100): blocks of n threads, and the blocks per SM that
-// ptxas must fit (a register cap), on sm_90 and on sm_100. The kernels'
+// KV_BOUNDS(n, sm90, sm100, sm103, sm120): blocks of n threads, and the
+// blocks per SM that ptxas must fit (a register cap), on each target; any
+// other sm_10x takes sm_100's, a newer major version sm_120's. The kernels'
 // variants and why each has its numbers: ../kernels-hip/kv_occupancy.h.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-#define KV_BOUNDS(n, sm90, sm100) __launch_bounds__(n, sm100)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define KV_BOUNDS(n, sm90, sm100, sm103, sm120) __launch_bounds__(n, sm120)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 1030
+#define KV_BOUNDS(n, sm90, sm100, sm103, sm120) __launch_bounds__(n, sm103)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define KV_BOUNDS(n, sm90, sm100, sm103, sm120) __launch_bounds__(n, sm100)
 #else
-#define KV_BOUNDS(n, sm90, sm100) __launch_bounds__(n, sm90)
+#define KV_BOUNDS(n, sm90, sm100, sm103, sm120) __launch_bounds__(n, sm90)
+#endif
+
+// Compiled by a CUDA 12 compiler (nvcc or NVRTC): kv_occupancy.h's
+// exceptions for what its code generation needs.
+#if defined(__CUDACC_VER_MAJOR__) && __CUDACC_VER_MAJOR__ < 13
+#define KV_CUDA_12 1
 #endif
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }

@@ -36,7 +36,7 @@
 #define KV_RESTRICT __restrict__
 // The work-group size bound alone: blocks per SM are CUDA's register caps
 // (kv_occupancy.h).
-#define KV_BOUNDS(n, sm90, sm100) __launch_bounds__(n)
+#define KV_BOUNDS(n, sm90, sm100, sm103, sm120) __launch_bounds__(n)
 
 KV_DEVICE unsigned kv_tid() { return threadIdx.x; }
 KV_DEVICE unsigned kv_bid() { return blockIdx.x; }
@@ -58,7 +58,7 @@ typedef __INT64_TYPE__ int64_t;
 #define KV_SHARED __attribute__((shared))
 #define KV_RESTRICT __restrict__
 // Same mapping as hip_runtime.h's __launch_bounds__(n).
-#define KV_BOUNDS(n, sm90, sm100) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define KV_BOUNDS(n, sm90, sm100, sm103, sm120) __attribute__((amdgpu_flat_work_group_size(1, n)))
 
 KV_DEVICE unsigned kv_tid() { return __builtin_amdgcn_workitem_id_x(); }
 KV_DEVICE unsigned kv_bid() { return __builtin_amdgcn_workgroup_id_x(); }

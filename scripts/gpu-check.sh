@@ -14,8 +14,12 @@
 # its stream, on one stream it made and each on a stream of its own
 # (concurrency), `soak` for GPU_CHECK_SOAK_S seconds (default 60), and the
 # host cost of one eager launch beside an older build's when DIR/old/ holds
-# one (OLD_BIN names an older build's binary when bundling). Without an NVIDIA GPU it
-# prints SKIPPED with the reason and exits 0.
+# one (OLD_BIN names an older build's binary when bundling). Then the PTX the
+# fatbin carries for GPUs without SASS of their own: the driver made to JIT it
+# (CUDA_FORCE_PTX_JIT=1, an empty JIT cache), the first backend's creation
+# timed against the SASS one's (the JIT cost of a first launch), and the
+# device parity suite in every mapping on the JIT-compiled kernels.
+# Without an NVIDIA GPU it prints SKIPPED with the reason and exits 0.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -114,6 +118,22 @@ run() {
             grep -E "^ *(insert|compress|save|fused|host)" "$work/host_new_$r.log" | sed 's/^/    new: /'
         done
     fi
+    # The compute_90 PTX, JIT-compiled: what every GPU without SASS here runs.
+    local jit="$work/jit-cache"
+    rm -rf "$jit"
+    step info_sass env -u CUDA_FORCE_PTX_JIT "$bin/dsv4-kvcache" info
+    grep -E "CUDA|driver" "$work/info_sass.log" | sed 's/^/    /'
+    local t0 t1
+    t0=$(date +%s.%N)
+    step info_ptx_first env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_PATH="$jit" "$bin/dsv4-kvcache" info
+    t1=$(date +%s.%N)
+    grep -E "cuda:" "$work/info_ptx_first.log" | sed 's/^/    /'
+    grep -q "PTX, JIT-compiled by the driver (CUDA_FORCE_PTX_JIT=1)" "$work/info_ptx_first.log" ||
+        { failures+=("info_ptx_first: the backend does not report the JIT-compiled PTX"); }
+    step info_ptx_cached env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_PATH="$jit" "$bin/dsv4-kvcache" info
+    echo "    first info with the PTX JIT-compiled (empty cache): $(awk "BEGIN { printf \"%.2f\", $t1 - $t0 }") s (info_sass and info_ptx_cached above: the same run without the JIT)"
+    step device_parity_ptx env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_PATH="$jit" "$bin/device_parity" --nocapture
+    step seed_vectors_ptx env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_PATH="$jit" "$bin/seed_vectors" --nocapture
     echo
     echo "gpu-check: $passes passed, ${#failures[@]} failed"
     [ ${#failures[@]} -eq 0 ] || { printf 'FAILED: %s\n' "${failures[@]}"; exit 1; }

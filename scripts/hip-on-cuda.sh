@@ -17,16 +17,17 @@
 # x86-64 Linux machine with an NVIDIA GPU (sm_90 or a later one the fatbin
 # has) and its driver.
 #
-# What runs: for a reported MI300X (gfx942) and MI355X (gfx950): `info`, the
+# What runs: for a reported MI300X (gfx942), MI355X (gfx950) and MI210 (gfx90a): `info`, the
 # HIP backend tests (parity with the reference, graph replay vs eager, event
 # timing), the in-process fault/leak/sanitize test (a failed launch or wait
 # names the cache rows it may have written), the device parity suite
 # through HipBackend in all eight kernel mappings (one process; one case per
-# kind and value mix on MI355X), `verify` of the seed vectors and `demo --backend hip`,
+# kind and value mix on MI355X and MI210), `verify` of the seed vectors and `demo --backend hip`,
 # 8 threads sharing one backend on its stream, on one stream it made and each
 # on a stream of its own (concurrency), `soak` with device memory sampled;
 # then every injected fault through the CLI (an error naming what failed, no
-# panic, nothing left allocated), and the parity suite under
+# panic, nothing left allocated), an MI100 (gfx908, no code object: the
+# error names it and the embedded targets), and the parity suite under
 # compute-sanitizer memcheck; a copy of the runtime loaded from an unusual
 # path first (the backend must use it, not the one on the search path), and a
 # runtime reporting two devices (calls on one keep the caller's current
@@ -154,11 +155,12 @@ run() {
     cd "$work" || exit 2
 
     local dev arch sanitize
-    for dev in mi300x mi355x; do
+    for dev in mi300x mi355x mi210; do
         export HIPCUDA_DEVICE=$dev
         case $dev in
             mi300x) arch="gfx942:sramecc+:xnack-" sanitize=off ;;
             mi355x) arch="gfx950:sramecc+:xnack-" sanitize=on ;;
+            mi210) arch="gfx90a:sramecc+:xnack-" sanitize=off ;;
         esac
         : >"$HIPCUDA_REPORT"
 
@@ -287,12 +289,12 @@ run() {
             show_tail "$log"
         fi
     done
-    export HIPCUDA_DEVICE=mi210
+    export HIPCUDA_DEVICE=mi100
     logrun "$bin/dsv4-kvcache" demo --backend hip
-    if [ $rc -eq 2 ] && grep -q "gfx90a" "$log" && ! grep -q panicked "$log"; then
-        pass "unsupported architecture (MI210): $(grep -m1 gfx90a "$log" | cut -c1-160)"
+    if [ $rc -eq 2 ] && grep -q "gfx908" "$log" && grep -q "gfx90a, gfx942, gfx950" "$log" && ! grep -q panicked "$log"; then
+        pass "unsupported architecture (MI100): $(grep -m1 gfx908 "$log" | cut -c1-160)"
     else
-        fail "unsupported architecture (MI210) (rc $rc)"
+        fail "unsupported architecture (MI100) (rc $rc)"
         show_tail "$log"
     fi
     export HIPCUDA_DEVICE=mi300x

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs the kernel compilers into <repo>/.toolchains/ (gitignored), from PyPI only:
-#   - nvcc (CUDA 13.0) from NVIDIA's wheels  -> .toolchains/py/nvidia/cu13/bin/nvcc
-#   - ziglang 0.17.0 (bundles clang 22, which compiles HIP device code for gfx942 and gfx950)
+#   - CUDA 12.9's compiler library and assembler from NVIDIA's wheels (the registry has no
+#     12.x nvcc): NVRTC -> .toolchains/cuda12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 and
+#     ptxas -> .toolchains/cuda12/nvidia/cuda_nvcc/bin/ptxas (build.rs's default CUDA build)
+#   - nvcc (CUDA 13.0) from NVIDIA's wheels  -> .toolchains/py/nvidia/cu13/bin/nvcc: its
+#     fatbinary packs the 12.9 images, and DSV4_KVCACHE_CUDA_TOOLKIT=13.0 builds with it
+#   - ziglang 0.17.0 (bundles clang 22, which compiles HIP device code for gfx90a, gfx942 and gfx950)
 #     with wrappers .toolchains/bin/{hip-clang,lld,ld.lld}
 #   - libclang 18.1.1 from PyPI into .toolchains/libclang (bindgen loads it at run time,
 #     tests/rocm_bindgen.rs)
@@ -25,6 +29,13 @@ CUDA_PINS=(
     nvidia-nvvm==13.0.88
     nvidia-cuda-runtime==13.0.96
     nvidia-cuda-cccl==13.0.85
+)
+# CUDA 12.9: nvidia-cuda-nvcc-cu12 holds ptxas, libnvvm and the crt headers (no nvcc, cicc
+# or fatbinary), nvidia-cuda-nvrtc-cu12 the compiler library; the kernels include no
+# runtime or CCCL header, so neither of those wheels is needed.
+CUDA12_PINS=(
+    nvidia-cuda-nvcc-cu12==12.9.86
+    nvidia-cuda-nvrtc-cu12==12.9.86
 )
 ZIG_PINS=(ziglang==0.17.0)
 LIBCLANG_PINS=(libclang==18.1.1)
@@ -64,6 +75,8 @@ pip_step() {
 
 INSTALLED=0
 pip_step cuda "$PY/nvidia/cu13/bin/nvcc" "${CUDA_PINS[@]}"
+# Its own folder: both releases' wheels unpack into nvidia/, which pip --upgrade replaces.
+PIP_TARGET="$TC/cuda12" pip_step cuda12 "$TC/cuda12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" "${CUDA12_PINS[@]}"
 pip_step zig "$PY/ziglang/zig" "${ZIG_PINS[@]}"
 # Its own folder: bindgen loads it by path (LIBCLANG_PATH), nothing imports it.
 PIP_TARGET="$TC/libclang" pip_step libclang "$TC/libclang/clang/native/libclang.so" "${LIBCLANG_PINS[@]}"
@@ -114,6 +127,23 @@ trap 'rm -rf "$SMOKE"' EXIT
 printf '%s\n' 'extern "C" __attribute__((global)) void k(float* p) { p[0] = p[0] / 3.0f; }' >"$SMOKE/k.cu"
 cp "$SMOKE/k.cu" "$SMOKE/k.hip"
 "$NVCC" -cubin -arch=sm_90 -o "$SMOKE/k.cubin" "$SMOKE/k.cu"
+# CUDA 12.9: NVRTC to PTX (through ctypes, as build.rs loads it), ptxas to a cubin.
+PTXAS12="$TC/cuda12/nvidia/cuda_nvcc/bin/ptxas"
+python3 - "$TC/cuda12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" "$SMOKE/k.cu" "$SMOKE/k12.ptx" <<'EOF'
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+prog = ctypes.c_void_p()
+assert lib.nvrtcCreateProgram(ctypes.byref(prog), open(sys.argv[2], "rb").read(), b"k.cu", 0, None, None) == 0
+opts = (ctypes.c_char_p * 2)(b"--gpu-architecture=compute_90", b"--fmad=false")
+if lib.nvrtcCompileProgram(prog, 2, opts) != 0:
+    sys.exit("install-toolchains: NVRTC 12.9 failed to compile the smoke kernel")
+n = ctypes.c_size_t()
+lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
+buf = ctypes.create_string_buffer(n.value)
+lib.nvrtcGetPTX(prog, buf)
+open(sys.argv[3], "wb").write(buf.value)
+EOF
+"$PTXAS12" -arch=sm_120 -o "$SMOKE/k12.cubin" "$SMOKE/k12.ptx"
 PATH="$BIN:$PATH" "$BIN/hip-clang" -x hip --cuda-device-only --offload-arch=gfx950 -nogpulib -nogpuinc \
     --no-gpu-bundle-output -O3 -o "$SMOKE/k.hsaco" "$SMOKE/k.hip"
 # The ROCm stand-in hipcc: the same kernel with ROCm's hip_runtime.h and device libraries.
@@ -121,7 +151,7 @@ printf '%s\n' '#include <hip/hip_runtime.h>' \
     'extern "C" __global__ void k(float* p) { p[threadIdx.x] = sqrtf(p[threadIdx.x]) / 3.0f; }' >"$SMOKE/r.hip"
 "$TC/rocm/bin/hipcc" -x hip --cuda-device-only --offload-arch=gfx942 --no-gpu-bundle-output -O3 \
     -o "$SMOKE/r.hsaco" "$SMOKE/r.hip"
-echo "install-toolchains: smoke test passed (nvcc sm_90 cubin, hip-clang gfx950 code object, hipcc gfx942 with ROCm's headers)"
+echo "install-toolchains: smoke test passed (nvcc sm_90 cubin, NVRTC 12.9 + ptxas sm_120 cubin, hip-clang gfx950 code object, hipcc gfx942 with ROCm's headers)"
 
 # A fresh install must re-run build.rs, whose earlier run may have found no compiler.
 if ((INSTALLED)) && [[ -f "$REPO/build.rs" ]]; then
@@ -129,7 +159,8 @@ if ((INSTALLED)) && [[ -f "$REPO/build.rs" ]]; then
 fi
 
 echo "install-toolchains: done. Installed in $TC:"
-echo "  nvcc      $NVCC  ($nvcc_ver)"
+echo "  CUDA 12.9 $TC/cuda12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 + $PTXAS12 ($("$PTXAS12" --version | grep -E 'release'))"
+echo "  nvcc      $NVCC  ($nvcc_ver; its fatbinary packs the 12.9 images)"
 echo "  hip-clang $BIN/hip-clang  ($clang_ver)"
 echo "  lld       $BIN/lld, $BIN/ld.lld  ($lld_ver)"
 echo "  libclang  $TC/libclang/clang/native/libclang.so (bindgen, tests/rocm_bindgen.rs)"

@@ -9,7 +9,7 @@ export PATH="$ROCM_PATH/bin:$PATH"
 # The CUDA fatbin is not built here (no nvcc); a HIP compiler that is found
 # but fails to compile is an error whatever this says (build.rs).
 export DSV4_KVCACHE_REQUIRE_KERNELS=0
-export DSV4_KVCACHE_HIP_ARCHS="${DSV4_KVCACHE_HIP_ARCHS:-gfx942,gfx950}"
+export DSV4_KVCACHE_HIP_ARCHS="${DSV4_KVCACHE_HIP_ARCHS:-gfx90a,gfx942,gfx950}"
 
 command -v cargo >/dev/null || { echo "$1: cargo not found (install rustup first)"; exit 2; }
 test -x "$HIPCC" || { echo "$1: hipcc not found at $HIPCC"; exit 2; }

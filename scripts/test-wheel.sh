@@ -10,6 +10,9 @@
 # VENV defaults to a new temporary folder, removed afterwards. torch and
 # pytest come from the registry, downloaded each time unless PIP_CACHE_DIR
 # names a cache: torch's CUDA libraries are 3 GB more on a disk that CI shares.
+# TORCH_SPEC picks the torch (default `torch`, the newest; scripts/test.sh also
+# runs `torch==2.9.0`, the oldest the `torch` extra allows); an exact pin must
+# be the version that imports.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -50,18 +53,31 @@ done
 df -h "$VENV" | awk 'NR == 2 { print "test-wheel: " $4 " free on " $6 " for the venv" }'
 PIP_CACHE=--no-cache-dir
 [ -n "${PIP_CACHE_DIR:-}" ] && PIP_CACHE=
-clean python -m pip install -q --disable-pip-version-check $PIP_CACHE torch pytest
+TORCH_SPEC=${TORCH_SPEC:-torch}
+clean python -m pip install -q --disable-pip-version-check $PIP_CACHE "$TORCH_SPEC" pytest
 clean python -m pip install -q --disable-pip-version-check $PIP_CACHE "$WHEEL"
+clean python - "$TORCH_SPEC" <<'EOF'
+import sys
+import torch
 
-# The wheel's info(): all four kernel targets embedded.
+spec = sys.argv[1]
+print(f"test-wheel: torch {torch.__version__} ({spec})")
+if "==" in spec:
+    want = spec.split("==", 1)[1]
+    assert torch.__version__.split("+")[0] == want, f"torch {torch.__version__} imported, {spec} asked for"
+EOF
+
+# The wheel's info(): every kernel target embedded, built by CUDA 12.9.
 clean python - <<'EOF'
 import json
 import dsv4_kvcache
 
 info = dsv4_kvcache.info()
 print(json.dumps(info, indent=1))
-want = {"cuda": ["sm_90", "sm_100"], "hip": ["gfx942", "gfx950"]}
+want = {"cuda": ["sm_90", "sm_100", "sm_103", "sm_120"], "hip": ["gfx90a", "gfx942", "gfx950"]}
 assert info["kernels"] == want, f"kernels {info['kernels']}, expected {want}"
+assert info["targets"]["cuda"]["ptx"] == ["compute_90"], info["targets"]
+assert info["targets"]["cuda"]["toolkit"] == "12.9", info["targets"]
 assert not info["missing"], info["missing"]
 EOF
 

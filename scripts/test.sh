@@ -34,9 +34,26 @@ echo "test.sh: release wheel built and checked in $((SECONDS - t0)) s"
 # .venv keeps the wheel too, for scripts and local runs against it.
 .venv/bin/python -m pip install -q --force-reinstall --no-deps target/wheels/dsv4_kvcache-*.whl
 
-# The suite runs once, against the wheel where nothing can compile: a fresh
-# venv, PATH without cargo or any kernel compiler, the README's examples, then
-# the pytest suite.
+# The suite runs against the wheel where nothing can compile: a fresh venv,
+# PATH without cargo or any kernel compiler, the README's examples, then the
+# pytest suite; twice, beside the oldest torch the `torch` extra allows (2.9.0,
+# vLLM's pin) and beside the newest. One after the other: each venv (torch
+# with its CUDA libraries, about 5 GB) is removed before the next is made.
+for torch_spec in torch==2.9.0 torch; do
+    t0=$SECONDS
+    TORCH_SPEC=$torch_spec PYTHON="$PY" bash scripts/test-wheel.sh target/wheels/dsv4_kvcache-*.whl
+    echo "test.sh: wheel tested beside $torch_spec in a fresh venv without compilers in $((SECONDS - t0)) s"
+done
+
+# The aarch64 wheel (GH200, GB200 hosts): cross-built (zig links it against
+# glibc 2.28, the kernels compiled here as for x86_64), checked by auditwheel,
+# twine and readelf, then by the checks of tests/ci_scripts.rs that read it,
+# and run under qemu-user where qemu-aarch64 is installed (its extension
+# imported by Debian's arm64 CPython, the aarch64 CLI replaying the seed
+# vectors on the CPU); scripts/aarch64-qemu.sh says SKIPPED without qemu.
 t0=$SECONDS
-PYTHON="$PY" bash scripts/test-wheel.sh target/wheels/dsv4_kvcache-*.whl
-echo "test.sh: wheel tested in a fresh venv without compilers in $((SECONDS - t0)) s"
+rm -rf target/wheels-aarch64
+PYTHON=.venv/bin/python bash scripts/build-wheel.sh target/wheels-aarch64 aarch64
+cargo test --release --test ci_scripts build_wheel_architectures -- --nocapture
+bash scripts/aarch64-qemu.sh target/wheels-aarch64/dsv4_kvcache-*_aarch64.whl
+echo "test.sh: aarch64 wheel built, checked and run under emulation in $((SECONDS - t0)) s"

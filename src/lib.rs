@@ -1,8 +1,9 @@
 //! # dsv4-kvcache
 //!
 //! DeepSeek V4 / V4.1 compressed KV-cache records, written bit-identically by
-//! a CPU reference, AMD GPUs (HIP: gfx942, gfx950) and NVIDIA GPUs (CUDA:
-//! sm_90, sm_100).
+//! a CPU reference, AMD GPUs (HIP: gfx90a, gfx942, gfx950) and NVIDIA GPUs
+//! (CUDA: SASS for sm_90, sm_100, sm_103, sm_120, and compute_90 PTX for
+//! later GPUs).
 //!
 //! The three operations of the seed module are implemented with the exact
 //! semantics of `semantics.md`:
@@ -47,7 +48,7 @@ pub mod testkit;
 pub mod vectors;
 
 // Each module also at the crate root, where callers have always named it.
-pub use device::{detect, kernel_abi, kernels, launch};
+pub use device::{detect, kernel_abi, kernels, launch, targets};
 pub use numerics::{formats, layout, math, reference};
 pub use operations::{gather, ops, tensor};
 

@@ -394,3 +394,129 @@ fn gpu_check_script_names_only_existing_things() {
     let tests = script_names_only_existing_things("scripts/gpu-check.sh", "$bin/");
     assert!(tests >= 4, "gpu-check.sh runs {tests} test binaries");
 }
+
+/// The `torch` extra's floor is what CI tests the wheel beside: pyproject's
+/// `torch>=X.Y`, and scripts/test.sh runs scripts/test-wheel.sh with
+/// `torch==X.Y.0` and with the newest torch, which test-wheel.sh installs
+/// (TORCH_SPEC) and checks is the version that imports.
+#[test]
+fn torch_floor_is_the_tested_torch() {
+    let pyproject =
+        std::fs::read_to_string(root().join("python/pyproject.toml")).expect("pyproject.toml");
+    let floor = pyproject
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("torch = [\"torch>="))
+        .and_then(|r| r.split('"').next())
+        .expect("a torch>=X.Y extra");
+    assert_eq!(floor, "2.9", "the extra's floor is vLLM's torch pin");
+    let test = std::fs::read_to_string(root().join("scripts/test.sh")).expect("test.sh");
+    let line = test
+        .lines()
+        .find(|l| l.trim_start().starts_with("for torch_spec in "))
+        .expect("test.sh loops over torch versions");
+    let specs: Vec<&str> = line
+        .trim_start()
+        .trim_start_matches("for torch_spec in ")
+        .trim_end_matches("; do")
+        .split_whitespace()
+        .collect();
+    assert_eq!(specs, [format!("torch=={floor}.0").as_str(), "torch"]);
+    assert!(test.contains("TORCH_SPEC=$torch_spec") && test.contains("scripts/test-wheel.sh"));
+    let wheel =
+        std::fs::read_to_string(root().join("scripts/test-wheel.sh")).expect("test-wheel.sh");
+    assert!(
+        wheel.contains("\"$TORCH_SPEC\" pytest"),
+        "test-wheel.sh installs TORCH_SPEC"
+    );
+    assert!(wheel.contains("torch.__version__.split(\"+\")[0] == want"));
+}
+
+/// `scripts/build-wheel.sh`'s architectures: an unknown one is refused
+/// before anything is built; the aarch64 path cross-builds with its rustup
+/// target and checks the aarch64 tag and machine. A built aarch64 wheel
+/// (scripts/test.sh makes one in target/wheels-aarch64) is checked here:
+/// its tags, an AArch64 extension module, and a glibc no newer than 2.28.
+#[test]
+fn build_wheel_architectures() {
+    let out = std::env::temp_dir().join(format!("dsv4-wheel-arch-{}", std::process::id()));
+    let run = std::process::Command::new("bash")
+        .arg(root().join("scripts/build-wheel.sh"))
+        .arg(&out)
+        .arg("riscv64")
+        .output()
+        .expect("bash runs");
+    let _ = std::fs::remove_dir_all(&out);
+    assert_eq!(
+        run.status.code(),
+        Some(2),
+        "an unknown architecture is refused"
+    );
+    assert!(String::from_utf8_lossy(&run.stderr).contains("unknown architecture riscv64"));
+    let sh = std::fs::read_to_string(root().join("scripts/build-wheel.sh")).expect("script");
+    for needle in [
+        "x86_64 | aarch64)",
+        "TARGET=$ARCH-unknown-linux-gnu",
+        "rustup target add \"$TARGET\"",
+        "\"${POLICY}_$ARCH",
+        "\"aarch64\": \"AArch64\"",
+    ] {
+        assert!(sh.contains(needle), "build-wheel.sh lacks `{needle}`");
+    }
+    for script in ["scripts/build-wheel.sh", "scripts/aarch64-qemu.sh"] {
+        let status = std::process::Command::new("bash")
+            .arg("-n")
+            .arg(root().join(script))
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "bash -n {script}");
+    }
+    let test = std::fs::read_to_string(root().join("scripts/test.sh")).expect("test.sh");
+    assert!(
+        test.contains("scripts/build-wheel.sh target/wheels-aarch64 aarch64")
+            && test.contains("scripts/aarch64-qemu.sh target/wheels-aarch64/"),
+        "test.sh builds and runs the aarch64 wheel"
+    );
+    let dir = root().join("target/wheels-aarch64");
+    let wheel = std::fs::read_dir(&dir).ok().and_then(|rd| {
+        rd.flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(".whl"))
+    });
+    let Some(wheel) = wheel else {
+        eprintln!(
+            "*** SKIPPED the built aarch64 wheel's checks: none in {} (scripts/test.sh builds one) ***",
+            dir.display()
+        );
+        return;
+    };
+    let name = wheel.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.ends_with("-cp39-abi3-manylinux_2_28_aarch64.whl"),
+        "{name}"
+    );
+    let check = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import re, subprocess, sys, tempfile, zipfile\n\
+             z = zipfile.ZipFile(sys.argv[1]); so = [n for n in z.namelist() if n.endswith('.so')]\n\
+             d = tempfile.mkdtemp(); p = z.extract(so[0], d)\n\
+             h = subprocess.run(['readelf', '-h', p], capture_output=True, text=True, check=True).stdout\n\
+             s = subprocess.run(['readelf', '--dyn-syms', '-W', p], capture_output=True, text=True, check=True).stdout\n\
+             v = max(tuple(int(x) for x in m.split('.')) for m in re.findall(r'GLIBC_(\\d+(?:\\.\\d+)+)', s))\n\
+             print('AArch64' in h, v <= (2, 28))",
+        )
+        .arg(&wheel)
+        .output();
+    match check {
+        Ok(o) if o.status.success() => {
+            assert_eq!(
+                String::from_utf8_lossy(&o.stdout).trim(),
+                "True True",
+                "{name}"
+            )
+        }
+        Ok(o) => panic!("{}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            eprintln!("*** SKIPPED the aarch64 wheel's ELF check: python3 not runnable: {e} ***")
+        }
+    }
+}

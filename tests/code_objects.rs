@@ -4,8 +4,10 @@
 //!   target, defines every kernel (a `.kd` symbol and an entry in the
 //!   NT_AMDGPU_METADATA note), has no undefined symbols, and every kernel has no
 //!   scratch (private segment), no spills and no dynamic stack;
-//! * the CUDA fatbin holds SASS for every target and ptxas reported no stack
-//!   frame and no spills for any function.
+//! * the CUDA fatbin holds SASS for every target and the PTX of every PTX
+//!   target (stored as text, of an ISA version the driver of its toolkit
+//!   reads), and ptxas reported no stack frame and no spills for any
+//!   function on any target.
 //!
 //! * the HIP kernels built as on a ROCm host (build.rs with `ROCM_PATH` naming
 //!   the ROCm 6.4.3 that scripts/install-toolchains.sh extracts from Debian,
@@ -51,6 +53,9 @@ fn amdgpu_mach(arch: &str) -> Option<u32> {
         _ => return None,
     })
 }
+
+/// build.rs's default AMDGPU targets.
+const DEFAULT_HIP_ARCHS: &str = "gfx90a,gfx942,gfx950";
 
 fn require_kernels() -> bool {
     std::env::var("DSV4_KVCACHE_REQUIRE_KERNELS").is_ok_and(|v| v.trim() == "1")
@@ -247,7 +252,7 @@ fn check_code_object(arch: &str, data: &[u8], names: &[&str]) -> Vec<KernelMeta>
 
 #[test]
 fn hip_code_objects() {
-    let expected = env_list("DSV4_KVCACHE_HIP_ARCHS", "gfx942,gfx950");
+    let expected = env_list("DSV4_KVCACHE_HIP_ARCHS", DEFAULT_HIP_ARCHS);
     if let Some(c) = kernels::hip_compiler() {
         println!("HIP compiler: {c}");
     }
@@ -352,7 +357,7 @@ fn rocm_host_build_matches_freestanding() {
         );
         return;
     }
-    let archs = env_list("DSV4_KVCACHE_HIP_ARCHS", "gfx942,gfx950");
+    let archs = env_list("DSV4_KVCACHE_HIP_ARCHS", DEFAULT_HIP_ARCHS);
     let compiler = kernels::hip_compiler().unwrap_or_default();
     if archs.iter().any(|a| kernels::hip_code_object(a).is_none()) || compiler.contains("hipcc") {
         // hip_code_objects reports missing objects; a hipcc build has no
@@ -431,8 +436,9 @@ fn rocm_host_build_matches_freestanding() {
 
 const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 
-/// The SM numbers of the SASS (ELF) entries of a fatbin.
-fn fatbin_sass_archs(data: &[u8]) -> Vec<u32> {
+/// The entries of a fatbin: SASS (ELF) entries' SM numbers, and the PTX
+/// entries' SM numbers with their payloads.
+fn fatbin_entries(data: &[u8]) -> (Vec<u32>, Vec<(u32, &[u8])>) {
     let u16_at = |o: usize| u16::from_le_bytes(data[o..o + 2].try_into().unwrap());
     let u32_at = |o: usize| u32::from_le_bytes(data[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap());
@@ -441,22 +447,37 @@ fn fatbin_sass_archs(data: &[u8]) -> Vec<u32> {
     let header = usize::from(u16_at(6));
     let end = header + usize::try_from(u64_at(8)).unwrap();
     assert!(end <= data.len(), "fatbin size field past the end");
-    let mut archs = Vec::new();
+    let (mut sass, mut ptx) = (Vec::new(), Vec::new());
     let mut off = header;
     while off < end {
         let kind = u16_at(off);
         let entry_header = usize::try_from(u32_at(off + 4)).unwrap();
         let size = usize::try_from(u64_at(off + 8)).unwrap();
-        if kind == 2 {
-            assert_eq!(
-                &data[off + entry_header..off + entry_header + 4],
-                b"\x7fELF"
-            );
-            archs.push(u32_at(off + 28));
+        let payload = &data[off + entry_header..off + entry_header + size];
+        match kind {
+            2 => {
+                assert_eq!(&payload[..4], b"\x7fELF");
+                sass.push(u32_at(off + 28));
+            }
+            1 => ptx.push((u32_at(off + 28), payload)),
+            k => panic!("fatbin entry of unknown kind {k}"),
         }
         off += entry_header + size;
     }
-    archs
+    (sass, ptx)
+}
+
+/// The newest PTX ISA version each CUDA release's compiler writes, which
+/// that release's driver JIT-compiles (NVIDIA's PTX ISA release notes).
+const PTX_ISA: &[(&str, (u32, u32))] = &[("12.9", (8, 8)), ("13.0", (9, 0))];
+
+/// A PTX text's `.version` line.
+fn ptx_version(text: &str) -> Option<(u32, u32)> {
+    let v = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(".version "))?;
+    let (a, b) = v.trim().split_once('.')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
 }
 
 /// One function of the ptxas -v report.
@@ -520,7 +541,7 @@ fn cuda_fatbin_and_ptxas_report() {
         return;
     };
     println!("CUDA compiler: {}", kernels::cuda_compiler().unwrap_or("?"));
-    let mut archs = fatbin_sass_archs(fatbin);
+    let (mut archs, ptx) = fatbin_entries(fatbin);
     archs.sort_unstable();
     let mut want: Vec<u32> = kernels::cuda_targets()
         .iter()
@@ -532,6 +553,48 @@ fn cuda_fatbin_and_ptxas_report() {
         .collect();
     want.sort_unstable();
     assert_eq!(archs, want, "fatbin SASS targets");
+    let mut ptx_archs: Vec<u32> = ptx.iter().map(|(a, _)| *a).collect();
+    ptx_archs.sort_unstable();
+    let mut want_ptx: Vec<u32> = kernels::cuda_ptx()
+        .iter()
+        .map(|t| {
+            t.trim_start_matches("compute_")
+                .parse()
+                .expect("compute number")
+        })
+        .collect();
+    want_ptx.sort_unstable();
+    assert_eq!(ptx_archs, want_ptx, "fatbin PTX targets");
+    let toolkit = kernels::cuda_toolkit().expect("a fatbin has a toolkit");
+    for (arch, payload) in &ptx {
+        // Stored as text, so no driver needs this fatbinary's decompressor.
+        let text = std::str::from_utf8(payload)
+            .map(|t| t.trim_end_matches('\0'))
+            .unwrap_or_else(|_| panic!("compute_{arch} PTX is not stored as text (compressed?)"));
+        assert!(
+            text.contains(&format!(".target sm_{arch}")),
+            "compute_{arch} PTX targets something else"
+        );
+        let version = ptx_version(text).expect("a .version line");
+        if let Some((_, isa)) = PTX_ISA.iter().find(|(t, _)| *t == toolkit) {
+            assert!(
+                version <= *isa,
+                "compute_{arch} PTX is ISA {version:?}, newer than CUDA {toolkit}'s {isa:?}"
+            );
+        }
+        for kernel in kernel_names() {
+            assert!(
+                text.contains(&format!(".entry {kernel}(")),
+                "compute_{arch} PTX lacks {kernel}"
+            );
+        }
+        println!(
+            "compute_{arch} PTX: ISA {}.{}, {} bytes, CUDA {toolkit}",
+            version.0,
+            version.1,
+            text.len()
+        );
+    }
 
     let entries = parse_ptxas(kernels::cuda_resource_report());
     println!(

@@ -303,6 +303,22 @@ fn devices_faults_and_leaks() {
     assert!(!off.sanitize());
     drop(off);
 
+    // MI210 and an MI250X GCD: gfx90a, its own code object, sanitize off
+    // by default, the plain reference's bytes.
+    for (device, name) in [
+        ("mi210", "AMD Instinct MI210"),
+        ("mi250x", "AMD Instinct MI250X"),
+    ] {
+        shim.set(&format!("device={device}"));
+        let g = open(SanitizePolicy::Auto).unwrap_or_else(|e| panic!("{device} backend: {e}"));
+        assert_eq!(g.arch().to_string(), "gfx90a:sramecc+:xnack-");
+        assert_eq!(g.target(), "gfx90a");
+        assert_eq!(g.device_name(), name);
+        assert!(!g.sanitize(), "gfx90a does not sanitize by default");
+        matches_reference(&g, &plain, device);
+    }
+    shim.set("device=mi355x");
+
     // Recoverable faults on a working backend: the call fails with an error
     // that names it, and the next one works.
     shim.set("fault=alloc");
@@ -416,10 +432,10 @@ fn devices_faults_and_leaks() {
         &["gcnArchName"],
         "unknown architecture fault",
     );
-    shim.set("fault=none;device=mi210");
+    shim.set("fault=none;device=mi100");
     expect_unavailable(
         open(SanitizePolicy::Auto),
-        &["gfx90a", "DSV4_KVCACHE_HIP_ARCHS"],
+        &["gfx908", "gfx90a, gfx942, gfx950", "DSV4_KVCACHE_HIP_ARCHS"],
         "an architecture without a code object",
     );
     shim.assert_balanced("after the faults at open");

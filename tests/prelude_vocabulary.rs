@@ -26,7 +26,14 @@ const OPTIONAL: &[&str] = &[
     "kv_hw_bf16x2_max",
     "kv_hw_u16x2_min",
     "kv_hw_byte_perm_sx",
+    // Compiler facts rather than hardware paths, CUDA's alone.
+    "KV_CUDA_12",
 ];
+
+/// Compiler builtins a prelude defines for a compiler that lacks them (the
+/// CUDA prelude's `__builtin_clz` under NVRTC): the kernels' spelling is
+/// the compilers', not the vocabulary's.
+const COMPILER_SHIMS: &[&str] = &["__builtin_clz"];
 
 /// Macros build.rs defines on the compilers' command lines.
 const BUILD_DEFINED: &[&str] = &["KV_ABI_LAYOUT_CHECK"];
@@ -169,7 +176,7 @@ fn cuda_and_hip_define_the_same_vocabulary() {
         .collect();
     let cuda: BTreeSet<String> = defined_names(&read("kernels-cuda/prelude.cuh"))
         .into_iter()
-        .filter(|n| !OPTIONAL.contains(&n.as_str()))
+        .filter(|n| !OPTIONAL.contains(&n.as_str()) && !COMPILER_SHIMS.contains(&n.as_str()))
         .collect();
     assert!(cuda.contains("kv_shfl_xor"), "parsed nothing: {cuda:?}");
     let only_cuda: Vec<_> = cuda.difference(&hip).collect();
@@ -212,6 +219,39 @@ fn kernels_use_only_names_they_or_both_preludes_define() {
         assert!(
             unknown.is_empty(),
             "{file} uses names no prelude defines for both vendors: {unknown:?}"
+        );
+    }
+}
+
+/// Every AMD target runs the software conversion paths: the HIP prelude (both
+/// modes) defines none of the optional hardware paths (`KV_HW_*` and their
+/// `kv_hw_*` functions), so gfx90a, which lacks gfx942's and gfx950's FP8
+/// and BF16 conversion instructions, compiles the same exact code as they
+/// do (docs/backends.md, "AMD conversion instructions").
+#[test]
+fn amd_targets_take_the_software_paths() {
+    let text = read("kernels-hip/prelude.h");
+    let defined = defined_names(&text);
+    let hw: Vec<&String> = defined
+        .iter()
+        .filter(|n| {
+            OPTIONAL.contains(&n.as_str()) || n.starts_with("KV_HW_") || n.starts_with("kv_hw_")
+        })
+        .collect();
+    assert!(
+        hw.is_empty(),
+        "the HIP prelude defines hardware paths: {hw:?}"
+    );
+    // No target-specific branch either: one code path for every gfx target.
+    for marker in [
+        "__gfx90a__",
+        "__gfx942__",
+        "__gfx950__",
+        "__AMDGCN_WAVEFRONT_SIZE",
+    ] {
+        assert!(
+            !text.contains(marker),
+            "the HIP prelude branches on {marker}"
         );
     }
 }

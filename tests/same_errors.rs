@@ -66,6 +66,7 @@ impl Stand {
                 warp_size: 32,
                 total_memory: None,
                 multiprocessors: None,
+                kernels: "none".into(),
             },
             launched: Mutex::new(Vec::new()),
             launch_streams: Mutex::new(Vec::new()),

@@ -4,7 +4,8 @@
 //! sanitize switch and its error paths) run on an NVIDIA GPU.
 //!
 //! * It reports the properties of an AMD Instinct model chosen with
-//!   `HIPCUDA_DEVICE` (`mi300x`, the default, `mi355x` or `mi210`; see
+//!   `HIPCUDA_DEVICE` (`mi300x`, the default, `mi355x`, `mi210`, `mi250x`
+//!   or `mi100`; see
 //!   `props.rs`): its `gcnArchName`, a 64-lane wavefront, its LDS size and CU
 //!   count. Memory is the real GPU's.
 //! * Handed one of the library's AMDGPU code objects (an ELF with
@@ -375,7 +376,7 @@ pub extern "C" fn hipcudaCounterNames() -> *const c_char {
         .as_ptr() as *const c_char
 }
 
-/// Test control: `spec` is `device=mi300x|mi355x|mi210`, `fault=...` (see
+/// Test control: `spec` is `device=mi300x|mi355x|mi210|mi250x|mi100`, `fault=...` (see
 /// [`faults`]) or `fault=none`; several separated by `;`. Returns 0, or -1
 /// (and prints why) for a spec it does not understand.
 #[no_mangle]

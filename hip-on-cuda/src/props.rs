@@ -27,8 +27,8 @@ pub struct Profile {
     pub l2_bytes: i32,
 }
 
-/// MI300X (gfx942), MI355X (gfx950), and MI210 (gfx90a: a real part this
-/// library builds no code object for).
+/// MI300X (gfx942), MI355X (gfx950), MI210 and one MI250X GCD (gfx90a), and
+/// MI100 (gfx908: a real part this library builds no code object for).
 pub const PROFILES: &[Profile] = &[
     Profile {
         key: "mi300x",
@@ -61,6 +61,29 @@ pub const PROFILES: &[Profile] = &[
         major: 9,
         minor: 0,
         clock_khz: 1_700_000,
+        l2_bytes: 8 << 20,
+    },
+    Profile {
+        // One of an MI250X's two GCDs, each its own device to ROCm.
+        key: "mi250x",
+        name: "AMD Instinct MI250X",
+        arch: "gfx90a:sramecc+:xnack-",
+        compute_units: 110,
+        lds_bytes: 64 * 1024,
+        major: 9,
+        minor: 0,
+        clock_khz: 1_700_000,
+        l2_bytes: 8 << 20,
+    },
+    Profile {
+        key: "mi100",
+        name: "AMD Instinct MI100",
+        arch: "gfx908:sramecc+:xnack-",
+        compute_units: 120,
+        lds_bytes: 64 * 1024,
+        major: 9,
+        minor: 0,
+        clock_khz: 1_502_000,
         l2_bytes: 8 << 20,
     },
 ];

@@ -277,8 +277,13 @@ fn hip_devices() -> Result<Vec<String>, String> {
 
 /// What this build embeds and what it finds at run time, as a dict:
 /// `version`; `kernels`, the device code actually embedded per backend
-/// (`{"cuda": ["sm_90", "sm_100"], "hip": ["gfx942", "gfx950"]}`, an empty
-/// list where `build.rs` found no compiler); `compilers` (what built them, or
+/// (`{"cuda": ["sm_90", "sm_100", "sm_103", "sm_120"], "hip": ["gfx90a",
+/// "gfx942", "gfx950"]}`: SASS targets and code objects, an empty list where
+/// `build.rs` found no compiler); `targets`, per backend what runs where:
+/// for CUDA `sass`, `ptx` (JIT-compiled by GPUs without SASS of their own),
+/// `toolkit` (the CUDA release that compiled them) and `min_driver` (each
+/// image's oldest Linux NVIDIA driver), for HIP `code_objects` and
+/// `code_object_version`; `compilers` (what built them, or
 /// None); `missing`, why a backend's kernels are absent; `devices`, per
 /// backend the devices found now (lines) or why none; and `backends`, those
 /// that can run here now (`"cpu"` always, a GPU backend when it has both
@@ -294,6 +299,22 @@ fn info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     k.set_item("cuda", kernels::cuda_targets().to_vec())?;
     k.set_item("hip", kernels::hip_targets().to_vec())?;
     out.set_item("kernels", k)?;
+    let t = PyDict::new(py);
+    let cuda = PyDict::new(py);
+    cuda.set_item("sass", kernels::cuda_targets().to_vec())?;
+    cuda.set_item("ptx", kernels::cuda_ptx().to_vec())?;
+    cuda.set_item("toolkit", kernels::cuda_toolkit())?;
+    let drivers = PyDict::new(py);
+    for (image, driver) in kernels::cuda_min_drivers() {
+        drivers.set_item(image, driver)?;
+    }
+    cuda.set_item("min_driver", drivers)?;
+    t.set_item("cuda", cuda)?;
+    let hip = PyDict::new(py);
+    hip.set_item("code_objects", kernels::hip_targets().to_vec())?;
+    hip.set_item("code_object_version", kernels::HIP_CODE_OBJECT_VERSION)?;
+    t.set_item("hip", hip)?;
+    out.set_item("targets", t)?;
     let c = PyDict::new(py);
     c.set_item("cuda", kernels::cuda_compiler())?;
     c.set_item("hip", kernels::hip_compiler())?;

@@ -553,8 +553,19 @@ def test_info_lists_embedded_kernels_and_backends():
         # A backend has targets exactly when a compiler built them, else a reason.
         assert bool(targets) == (i["compilers"][backend] is not None)
     assert len(i["missing"]) == sum(not t for t in i["kernels"].values())
+    assert i["targets"]["cuda"]["sass"] == i["kernels"]["cuda"]
+    assert i["targets"]["hip"]["code_objects"] == i["kernels"]["hip"]
+    assert i["targets"]["hip"]["code_object_version"] == 5
+    cuda = i["targets"]["cuda"]
+    assert set(cuda["min_driver"]) == set(cuda["sass"]) | set(cuda["ptx"])
     if os.environ.get("DSV4_KVCACHE_REQUIRE_KERNELS") == "1":
-        assert i["kernels"] == {"cuda": ["sm_90", "sm_100"], "hip": ["gfx942", "gfx950"]}
+        assert i["kernels"] == {"cuda": ["sm_90", "sm_100", "sm_103", "sm_120"],
+                                "hip": ["gfx90a", "gfx942", "gfx950"]}
+        # CUDA 12.9: SASS for every CUDA 12 era driver the GPU runs on, the
+        # PTX for 12.9's driver and newer (docs/backends.md, "Drivers").
+        assert cuda["ptx"] == ["compute_90"] and cuda["toolkit"] == "12.9"
+        assert cuda["min_driver"] == {"sm_90": "525.60.13", "sm_100": "570.26", "sm_103": "575.51.03",
+                                      "sm_120": "570.26", "compute_90": "575.51.03"}
     assert i["backends"][0] == "cpu"
     assert "cuda" not in i["backends"] or (i["kernels"]["cuda"] and torch.cuda.is_available())
     assert all(b in i["devices"] for b in ("cpu", "cuda", "hip"))

@@ -16,11 +16,11 @@
 //! | Instinct MI300X, MI300A, MI308X      | `gfx942`                |
 //! | Instinct MI325X                      | `gfx942`                |
 //! | Instinct MI350X, MI355X              | `gfx950`                |
-//! | Instinct MI250X, MI250, MI210        | `gfx90a` (no code object by default) |
+//! | Instinct MI250X, MI250, MI210        | `gfx90a`                |
 //! | Instinct MI100                       | `gfx908` (no code object by default) |
 //! | Radeon RX 7900 XTX, Radeon PRO W7900 | `gfx1100` (no code object by default) |
 //!
-//! The defaults of `build.rs` are `gfx942,gfx950`.
+//! The defaults of `build.rs` are `gfx90a,gfx942,gfx950`.
 //!
 //! # Sanitizing
 //!
@@ -218,8 +218,8 @@ impl AmdArch {
     }
 
     /// The code object target embedded in this build for this processor
-    /// (see [`crate::kernels::hip_targets`]): gfx942 and gfx950 map to
-    /// themselves. Any other processor, or a build without HIP kernels, is
+    /// (see [`crate::kernels::hip_targets`]): gfx90a, gfx942 and gfx950 map
+    /// to themselves. Any other processor, or a build without HIP kernels, is
     /// an [`Error::Unavailable`] that names the processor, the embedded
     /// targets and how to rebuild; there is no fallback to another ISA.
     pub fn code_object_target(&self) -> Result<&'static str> {
@@ -283,7 +283,7 @@ impl FromStr for AmdArch {
 mod tests {
     use super::*;
 
-    const EMBEDDED: &[&str] = &["gfx942", "gfx950"];
+    const EMBEDDED: &[&str] = &["gfx90a", "gfx942", "gfx950"];
 
     /// `gcnArchName` as recorded from real devices.
     const MI300X: &str = "gfx942:sramecc+:xnack-";
@@ -291,6 +291,8 @@ mod tests {
     const MI350X: &str = "gfx950:sramecc+:xnack-";
     const MI355X: &str = "gfx950:sramecc+:xnack-";
     const MI250X: &str = "gfx90a:sramecc+:xnack-";
+    const MI210: &str = "gfx90a:sramecc+:xnack-";
+    const MI100: &str = "gfx908:sramecc+:xnack-";
     const RX7900XTX: &str = "gfx1100";
 
     #[test]
@@ -363,6 +365,8 @@ mod tests {
     #[test]
     fn target_selection() {
         for (s, t) in [
+            (MI250X, "gfx90a"),
+            (MI210, "gfx90a"),
             (MI300X, "gfx942"),
             (MI325X, "gfx942"),
             (MI350X, "gfx950"),
@@ -376,14 +380,14 @@ mod tests {
                 t
             );
         }
-        for s in [MI250X, RX7900XTX] {
+        for s in [MI100, RX7900XTX] {
             let a = AmdArch::parse(s).unwrap();
             match a.code_object_target_in(EMBEDDED) {
                 Err(Error::Unavailable { backend, reason }) => {
                     assert_eq!(backend, "hip");
                     assert!(reason.contains(&a.name), "{reason}");
                     assert!(reason.contains(s), "{reason}");
-                    assert!(reason.contains("gfx942, gfx950"), "{reason}");
+                    assert!(reason.contains("gfx90a, gfx942, gfx950"), "{reason}");
                     assert!(
                         reason.contains(&format!("DSV4_KVCACHE_HIP_ARCHS={} cargo build", a.name)),
                         "{reason}"
@@ -400,19 +404,26 @@ mod tests {
             }
             other => panic!("expected Unavailable, got {other:?}"),
         }
-        // A non-default build: gfx90a then maps to itself.
-        assert_eq!(
-            AmdArch::parse(MI250X)
-                .unwrap()
-                .code_object_target_in(&["gfx90a"])
-                .unwrap(),
-            "gfx90a"
-        );
+        // A build without gfx90a (DSV4_KVCACHE_HIP_ARCHS=gfx942,gfx950):
+        // MI250X then gets the error, and the fix keeps the others.
+        match AmdArch::parse(MI250X)
+            .unwrap()
+            .code_object_target_in(&["gfx942", "gfx950"])
+        {
+            Err(Error::Unavailable { reason, .. }) => {
+                assert!(reason.contains("gfx90a:sramecc+:xnack-"), "{reason}");
+                assert!(
+                    reason.contains("DSV4_KVCACHE_HIP_ARCHS=gfx942,gfx950,gfx90a"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
     }
 
     #[test]
     fn target_selection_agrees_with_this_build() {
-        for s in [MI300X, MI350X, MI250X, RX7900XTX] {
+        for s in [MI300X, MI350X, MI250X, MI100, RX7900XTX] {
             let a = AmdArch::parse(s).unwrap();
             let embedded = crate::kernels::hip_targets().contains(&a.name.as_str());
             match a.code_object_target() {
@@ -435,6 +446,8 @@ mod tests {
             (MI350X, true),
             (MI355X, true),
             (MI250X, false),
+            (MI210, false),
+            (MI100, false),
             (RX7900XTX, false),
         ];
         for (s, auto) in cases {

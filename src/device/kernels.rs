@@ -5,10 +5,12 @@
 //! into
 //!
 //! * one CUDA fatbin with SASS for every target of `DSV4_KVCACHE_CUDA_ARCHS`
-//!   (default `sm_90,sm_100`), and
+//!   (default `sm_90,sm_100,sm_103,sm_120`) and the PTX of every target of
+//!   `DSV4_KVCACHE_CUDA_PTX` (default `compute_90`, which newer GPUs
+//!   JIT-compile), built by CUDA 12.9 by default, and
 //! * one AMDGPU code object (an ELF shared object, loadable with
 //!   `hipModuleLoadData`) per target of `DSV4_KVCACHE_HIP_ARCHS` (default
-//!   `gfx942,gfx950`),
+//!   `gfx90a,gfx942,gfx950`),
 //!
 //! and embeds them in the binary. A backend whose compiler was not found at
 //! build time has no artifacts here; [`missing_reasons`] then says why and how
@@ -17,21 +19,47 @@
 
 include!(concat!(env!("OUT_DIR"), "/kernels_embedded.rs"));
 
-/// The CUDA fatbin (SASS for each of [`cuda_targets`]), or `None` if this build
-/// had no nvcc. Load it with `cuModuleLoadData`.
+/// The CUDA fatbin (SASS for each of [`cuda_targets`], PTX for each of
+/// [`cuda_ptx`]), or `None` if this build had no CUDA compiler. Load it
+/// with `cuModuleLoadData`.
 pub fn cuda_fatbin() -> Option<&'static [u8]> {
     CUDA_FATBIN
 }
 
-/// The CUDA architectures in [`cuda_fatbin`], e.g. `["sm_90", "sm_100"]`; empty
-/// when no fatbin was built.
+/// The CUDA SASS architectures in [`cuda_fatbin`], e.g. `["sm_90", "sm_100",
+/// "sm_103", "sm_120"]`; empty when no fatbin was built.
 pub fn cuda_targets() -> &'static [&'static str] {
     CUDA_TARGETS
 }
 
-/// The nvcc that built [`cuda_fatbin`]: its path and version line.
+/// The PTX targets in [`cuda_fatbin`], e.g. `["compute_90"]`: GPUs without
+/// SASS of their own JIT-compile the newest one no newer than themselves.
+pub fn cuda_ptx() -> &'static [&'static str] {
+    CUDA_PTX
+}
+
+/// The CUDA release (`major.minor`, e.g. `12.9`) whose compiler built
+/// [`cuda_fatbin`]; it decides the drivers that run it
+/// ([`cuda_min_drivers`]).
+pub fn cuda_toolkit() -> Option<&'static str> {
+    CUDA_TOOLKIT
+}
+
+/// The CUDA compiler that built [`cuda_fatbin`]: its path and version line.
 pub fn cuda_compiler() -> Option<&'static str> {
     CUDA_COMPILER
+}
+
+/// Each embedded CUDA image (SASS targets, then PTX targets) with the
+/// oldest Linux NVIDIA driver that runs it (`None` where the table of
+/// [`crate::targets`] does not know the toolkit or target).
+pub fn cuda_min_drivers() -> Vec<(&'static str, Option<&'static str>)> {
+    let toolkit = cuda_toolkit().unwrap_or_default();
+    cuda_targets()
+        .iter()
+        .chain(cuda_ptx())
+        .map(|t| (*t, crate::targets::cuda_min_driver(toolkit, t)))
+        .collect()
 }
 
 /// The `ptxas -v` resource report of the CUDA build (registers, shared memory,
@@ -54,7 +82,12 @@ pub fn hip_code_object(arch: &str) -> Option<&'static [u8]> {
         .map(|(_, bytes)| *bytes)
 }
 
-/// The AMDGPU processors that have a code object, e.g. `["gfx942", "gfx950"]`.
+/// The AMDGPU code object version of [`hip_code_object`]'s objects (build.rs
+/// passes `-mcode-object-version=5`): ROCm 6.0 and later load it.
+pub const HIP_CODE_OBJECT_VERSION: u32 = 5;
+
+/// The AMDGPU processors that have a code object, e.g. `["gfx90a", "gfx942",
+/// "gfx950"]`.
 pub fn hip_targets() -> &'static [&'static str] {
     HIP_TARGETS
 }
@@ -98,9 +131,32 @@ mod tests {
     fn artifacts_agree_with_metadata() {
         assert_eq!(cuda_fatbin().is_some(), cuda_compiler().is_some());
         assert_eq!(cuda_fatbin().is_some(), !cuda_targets().is_empty());
+        assert_eq!(cuda_fatbin().is_some(), cuda_toolkit().is_some());
+        assert!(cuda_fatbin().is_some() || cuda_ptx().is_empty());
         assert_eq!(hip_targets().is_empty(), hip_compiler().is_none());
         let backends_missing =
             usize::from(cuda_fatbin().is_none()) + usize::from(hip_targets().is_empty());
         assert_eq!(missing_reasons().len(), backends_missing);
+    }
+}
+
+#[cfg(test)]
+mod driver_tests {
+    use super::*;
+
+    /// Every image of a default build has a known driver floor, and the
+    /// CUDA 12.9 build's are the CUDA 12 era's.
+    #[test]
+    fn every_embedded_image_has_a_driver_floor() {
+        if cuda_fatbin().is_none() {
+            eprintln!("SKIPPED: no CUDA fatbin in this build");
+            return;
+        }
+        for (t, d) in cuda_min_drivers() {
+            if cuda_toolkit() == Some("12.9") {
+                let d = d.unwrap_or_else(|| panic!("{t}: no driver floor"));
+                assert!(d.starts_with('5'), "{t}: {d} is not a CUDA 12 era driver");
+            }
+        }
     }
 }

@@ -16,7 +16,7 @@
 #define KV_DEVICE static inline
 #define KV_SHARED
 #define KV_RESTRICT __restrict__
-#define KV_BOUNDS(n, sm90, sm100)
+#define KV_BOUNDS(n, sm90, sm100, sm103, sm120)
 
 #if defined(KV_HOST_LANES)
 // Every work-item of a block on its own host thread (lanes.h runs them), so

@@ -19,8 +19,10 @@
 //!   or the ordinal is not that of a device;
 //! * this build has no fatbin (nvcc was not found at build time:
 //!   [`crate::kernels::missing_reasons`] says why; run
-//!   `scripts/install-toolchains.sh` and rebuild), or it has no SASS for the
-//!   device's architecture.
+//!   `scripts/install-toolchains.sh` and rebuild), or it has neither SASS
+//!   for the device's architecture nor PTX it can JIT-compile
+//!   ([`crate::targets::cuda_image_for`], decided before the fatbin is
+//!   loaded), or the driver is too old for that PTX.
 //!
 //! Launches, buffers, graphs and timing are [`GpuBackend`]'s; the CR2 team
 //! kernels get their dynamic shared memory through `cuLaunchKernel`.
@@ -304,6 +306,23 @@ impl CudaDriver {
         let cc = ctx
             .compute_capability()
             .map_err(drv("cuDeviceGetAttribute"))?;
+        // Which embedded image the driver will pick, decided here so that a
+        // device with none gets one sentence naming its architecture and the
+        // images, before anything is loaded or launched.
+        let image = crate::targets::cuda_image_for(
+            (cc.0.max(0) as u32, cc.1.max(0) as u32),
+            kernels::cuda_targets(),
+            kernels::cuda_ptx(),
+        )
+        .map_err(|why| unavailable(format!("{device_name}: {why}")))?;
+        let forced_jit = std::env::var("CUDA_FORCE_PTX_JIT").is_ok_and(|v| v.trim() == "1");
+        let image_text = match image {
+            crate::targets::CudaImage::Sass(_) if forced_jit => match kernels::cuda_ptx().first() {
+                Some(p) => format!("{p} PTX, JIT-compiled by the driver (CUDA_FORCE_PTX_JIT=1)"),
+                None => format!("{image}"),
+            },
+            _ => image.to_string(),
+        };
         let warp_size = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE)
             .map_err(drv("cuDeviceGetAttribute"))?;
@@ -330,6 +349,21 @@ impl CudaDriver {
                     cc.1
                 )))
             }
+            Err(DriverError(sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION)) => {
+                let ptx = kernels::cuda_ptx().first().copied().unwrap_or("PTX");
+                let need = crate::targets::cuda_min_driver(kernels::cuda_toolkit().unwrap_or_default(), ptx)
+                    .map_or_else(|| "a newer driver".to_string(), |d| format!("driver >= {d}"));
+                return Err(unavailable(format!(
+                    "{device_name} (sm_{}{}) has no SASS in this build and runs its {ptx} PTX, which this NVIDIA \
+                     driver is too old to JIT-compile (CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the PTX is from CUDA \
+                     {}; it needs {need}). Update the driver, or rebuild with DSV4_KVCACHE_CUDA_ARCHS=sm_{}{}",
+                    cc.0,
+                    cc.1,
+                    kernels::cuda_toolkit().unwrap_or("?"),
+                    cc.0,
+                    cc.1
+                )));
+            }
             Err(e) => return Err(drv("cuModuleLoadData")(e)),
         };
         Ok(CudaDriver {
@@ -344,6 +378,7 @@ impl CudaDriver {
                 warp_size: warp_size.max(0) as u32,
                 total_memory: ctx.total_mem().ok(),
                 multiprocessors,
+                kernels: image_text,
             },
             stream,
             ctx,

@@ -37,6 +37,9 @@ pub struct DeviceFacts {
     /// Streaming multiprocessors (CUDA) or compute units (HIP), where the
     /// driver reads them; sizes the roofline copy's grid.
     pub multiprocessors: Option<u32>,
+    /// The embedded kernels this device runs: `sm_90 SASS`, `compute_90
+    /// PTX, JIT-compiled by the driver`, `gfx942 code object`.
+    pub kernels: String,
 }
 
 /// A GPU runtime opened on one device, with the kernels loaded.

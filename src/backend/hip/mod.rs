@@ -174,6 +174,7 @@ impl HipDriver {
                 // Not read yet (hipDeviceGetAttribute is not bound): the
                 // roofline copy then sizes its grid from the buffer.
                 multiprocessors: None,
+                kernels: format!("{target} code object"),
             },
             api: api.clone(),
             arch,

@@ -1,5 +1,7 @@
-//! `info`: version, embedded kernels, the devices found (a CUDA device with
-//! the self-check of its hardware conversions) and the sanitize policy.
+//! `info`: version, embedded kernels (per backend the SASS targets, the PTX
+//! targets and the code objects, and the oldest NVIDIA driver each CUDA
+//! image runs on), the devices found (a CUDA device with the image it runs
+//! and the self-check of its hardware conversions) and the sanitize policy.
 
 use crate::select::{cuda_facts, hip_facts};
 use crate::CliResult;
@@ -17,17 +19,41 @@ pub(crate) fn info() -> CliResult<()> {
         if cfg!(feature = "hip") { "on" } else { "off" }
     );
     match kernels::cuda_compiler() {
-        Some(c) => println!(
-            "  CUDA kernels: {} (built by {c})",
-            kernels::cuda_targets().join(", ")
-        ),
+        Some(c) => {
+            println!(
+                "  CUDA kernels: {} (built by {c})",
+                kernels::cuda_targets().join(", ")
+            );
+            println!(
+                "    SASS {}; PTX {} (JIT-compiled by GPUs without SASS of their own); CUDA {}",
+                kernels::cuda_targets().join(", "),
+                if kernels::cuda_ptx().is_empty() {
+                    "none".to_string()
+                } else {
+                    kernels::cuda_ptx().join(", ")
+                },
+                kernels::cuda_toolkit().unwrap_or("?")
+            );
+            let drivers: Vec<String> = kernels::cuda_min_drivers()
+                .iter()
+                .map(|(t, d)| format!("{t} {}", d.unwrap_or("unknown")))
+                .collect();
+            println!("    minimum NVIDIA driver (Linux): {}", drivers.join(", "));
+        }
         None => println!("  CUDA kernels: none embedded"),
     }
     match kernels::hip_compiler() {
-        Some(c) => println!(
-            "  HIP kernels:  {} (built by {c})",
-            kernels::hip_targets().join(", ")
-        ),
+        Some(c) => {
+            println!(
+                "  HIP kernels:  {} (built by {c})",
+                kernels::hip_targets().join(", ")
+            );
+            println!(
+                "    code objects {} (code object v{}: ROCm 6.0 or later)",
+                kernels::hip_targets().join(", "),
+                kernels::HIP_CODE_OBJECT_VERSION
+            );
+        }
         None => println!("  HIP kernels:  none embedded"),
     }
     for r in kernels::missing_reasons() {
@@ -63,7 +89,7 @@ pub(crate) fn info() -> CliResult<()> {
             println!("  policy: {p}");
             println!("  cpu: {}", on(p == SanitizePolicy::On));
             println!("  cuda: {}", on(detect::sanitize_for_cuda(p)));
-            for arch in ["gfx942", "gfx950"] {
+            for arch in ["gfx90a", "gfx942", "gfx950"] {
                 let a = detect::AmdArch::parse(arch)?;
                 println!("  hip {arch}: {}", on(detect::sanitize_for(&a, p)));
             }

@@ -106,7 +106,12 @@ mod cuda_wiring {
         }
         Ok((0..n)
             .map(|d| match CudaBackend::new(d) {
-                Ok(b) => format!("{} — kernels loaded; {}", b.name(), hw_formats(&b)),
+                Ok(b) => format!(
+                    "{} — kernels loaded ({}); {}",
+                    b.name(),
+                    b.facts().kernels,
+                    hw_formats(&b)
+                ),
                 Err(e) => format!("cuda:{d}: {}", crate::select::reason(&e)),
             })
             .collect())
