@@ -45,14 +45,18 @@ pub struct IndexerKPtrs {
     pub counters: u64,
 }
 
-/// The launch of a plan: a group of 32 lanes a token, the format's kernel.
+/// Tokens a group of 32 lanes handles (eight lanes a token).
+pub const TOKENS_PER_GROUP: usize = 4;
+
+/// The launch of a plan: four tokens a group of 32 lanes, the format's kernel.
 pub fn indexer_k_launch(policy: &LaunchPolicy, p: &IndexerKPlan) -> Launch {
     Launch {
         kernel: match p.cache.format {
             IndexerKFormat::Fp8 => Kernel::IndexerKFp8,
             IndexerKFormat::Mxfp4 => Kernel::IndexerKMxfp4,
         },
-        geometry: policy.geometry(p.n as u64),
+        // Four tokens a group of 32 lanes (kv_indexer_k.hip).
+        geometry: policy.geometry(p.n.div_ceil(TOKENS_PER_GROUP) as u64),
     }
 }
 
