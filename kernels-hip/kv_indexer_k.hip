@@ -208,7 +208,7 @@ KV_DEVICE float kv_ik_amax16(const float r[16]) {
 
 // FP8: one power-of-two scale a token (math::block_scale_exponent of
 // f32(max(amax, 1e-4) / 448)), 16 e4m3 bytes a lane.
-KV_KERNEL KV_LAUNCH_BOUNDS_8(KV_BLOCK_THREADS) void kv_indexer_k_fp8(const KvIndexerKParams p) {
+KV_KERNEL KV_LAUNCH_BOUNDS_4(KV_BLOCK_THREADS) void kv_indexer_k_fp8(const KvIndexerKParams p) {
     unsigned lane = kv_lane();
     unsigned s = lane & (KV_IK_LANES - 1u);
     int64_t t = kv_group(p.flags) * KV_IK_TOKENS + (lane >> 3);
@@ -255,7 +255,7 @@ KV_KERNEL KV_LAUNCH_BOUNDS_8(KV_BLOCK_THREADS) void kv_indexer_k_fp8(const KvInd
 // MXFP4: per 32 dims (2 lanes) a UE8M0 scale, e = ceil(log2f(f32(max(amax,
 // 6 2^-126) / 6))) clamped to [-127, 127]; codes e2m1(f32(r 2^-e)), the even
 // dim in the low nibble.
-KV_KERNEL KV_LAUNCH_BOUNDS_8(KV_BLOCK_THREADS) void kv_indexer_k_mxfp4(const KvIndexerKParams p) {
+KV_KERNEL KV_LAUNCH_BOUNDS_4(KV_BLOCK_THREADS) void kv_indexer_k_mxfp4(const KvIndexerKParams p) {
     unsigned lane = kv_lane();
     unsigned s = lane & (KV_IK_LANES - 1u);
     int64_t t = kv_group(p.flags) * KV_IK_TOKENS + (lane >> 3);
