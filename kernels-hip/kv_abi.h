@@ -136,6 +136,31 @@ struct KvGatherParams {
     uint32_t pad;             // padding to 8 bytes
 };
 
+// indexer_k_norm_rope_store (src/operations/indexer_k/, kv_indexer_k.hip):
+// one group of 32 lanes a token, lane l owning dims 4l .. 4l + 3 of the
+// 128-dim key.
+struct KvIndexerKParams {
+    const uint16_t* k_pre;    // k_pre (BF16)
+    const void* positions;    // positions (I32 or I64: flags)
+    const void* slots;        // the slot mapping (I32 or I64: flags)
+    const void* cos_sin;      // cos_sin_cache (F32, BF16 or F16: flags)
+    const void* weight;       // rms_norm_weight (F32, BF16 or F16: flags)
+    uint8_t* cache;           // k_cache
+    unsigned* counters;       // skip counters: slot, position, index
+    int32_t k_row_stride;     // k_pre row stride
+    int32_t cos_row_stride;   // cos/sin row stride
+    int32_t cos_rows;         // cos/sin rows
+    int32_t block_stride;     // bytes between cache blocks
+    int32_t num_blocks;       // cache blocks
+    int32_t block_size;       // rows per block
+    int32_t block_shift;      // log2(block_size), or -1 when not a power of two
+    int32_t n;                // tokens
+    uint32_t compress_ratio;  // 1 or 2
+    uint32_t n_per_tile;      // the preshuffled order's N (16, 32 or 64), else 0
+    float eps;                // RMSNorm epsilon
+    uint32_t flags;           // flag bits: index, table and weight types, and the indexer's own below
+};
+
 // ---- flag bits -------------------------------------------------------------
 
 #define KV_F_POS_I64 1u
@@ -178,6 +203,16 @@ struct KvGatherParams {
 #define KV_GF_TWO_ROWS 64u
 // The paged records are in the per-token order (KV_F_PER_TOKEN).
 #define KV_GF_PER_TOKEN 128u
+
+// KvIndexerKParams.flags, beside KV_F_POS_I64, KV_F_SLOT_I64, KV_F_COS_BF16,
+// KV_F_COS_F16, KV_F_W_F16 and KV_F_W_F32 (a BF16 weight without the last
+// two), and bits 12..14 (groups per block).
+// FP8 keys: the scale as four equal UE8M0 bytes (else an f32).
+#define KV_IKF_MX_SCALE 4u
+// FP8 keys: ROCm's 16 x 16 tiled value order.
+#define KV_IKF_TILED 8u
+// MXFP4 keys: AITER's preshuffled order (n_per_tile tokens a run).
+#define KV_IKF_PRESHUFFLED 16u
 
 #define KV_LAYOUT_V4 0
 #define KV_LAYOUT_MXFP8 1
@@ -303,7 +338,9 @@ struct KvGatherParams {
     X(kv_fused_cr2_mxfp8_wide, KvFusedParams)          \
     X(kv_fused_cr2_nvfp4_wide, KvFusedParams)          \
     X(kv_fused_cr2_bf16_wide, KvFusedParams)           \
-    X(kv_fused_cr2_fp8_wide, KvFusedParams)
+    X(kv_fused_cr2_fp8_wide, KvFusedParams)             \
+    X(kv_indexer_k_fp8, KvIndexerKParams)              \
+    X(kv_indexer_k_mxfp4, KvIndexerKParams)
 
 // Field offsets computed by build.rs from the structs above, checked against
 // this compiler's layout (the Rust structs are checked against the same

@@ -1,7 +1,8 @@
 // dsv4-kvcache device kernels: fused_save_compress_norm, rope_quant_insert,
-// save_ring_rows, the fused compress+insert, the reader (gather_dequant) and
-// the copy roofline. One source for HIP (gfx942, gfx950) and CUDA (sm_90,
-// sm_100); vendor spellings live in the preludes.
+// save_ring_rows, the fused compress+insert, the reader (gather_dequant),
+// the indexer key store (indexer_k_norm_rope_store) and the copy roofline.
+// One source for HIP (gfx90a, gfx942, gfx950) and CUDA (sm_90 .. sm_120);
+// vendor spellings live in the preludes.
 //
 // Work split: a token (or a CR2 request) is handled by a group of 32 lanes;
 // lane l owns dims [16 l, 16 l + 16) of a 512-vector (tile l). The
@@ -35,12 +36,13 @@
 //   kv_compress.h  the compressor's items: pooling, the norm, CR2 teams
 //   kv_gather.h    the reader's device functions
 //   kv_compress.hip, kv_insert.hip, kv_fused.hip, kv_copy.hip,
-//   kv_gather.hip  the entry points, in this order
+//   kv_gather.hip, kv_indexer_k.hip  the entry points, in this order
 #include "kv_compress.hip"
 #include "kv_insert.hip"
 #include "kv_fused.hip"
 #include "kv_copy.hip"
 #include "kv_gather.hip"
+#include "kv_indexer_k.hip"
 
 // Every kernel of the list (kv_abi.h) declared again with its parameter
 // block: a definition above that takes another block does not compile.

@@ -14,7 +14,9 @@
 //! - `save_ring_rows`: store FP32 rows into their ring slots.
 //!
 //! and records are read back, gathered and dequantized to BF16 or F32, by
-//! `gather_dequant` ([`gather`]).
+//! `gather_dequant` ([`gather`]). Beside the compressed KV, V4.1's indexer
+//! keys are normalized, rotated and stored as FP8 or MXFP4 records by
+//! `indexer_k_norm_rope_store` ([`indexer_k`]).
 //!
 //! Every backend implements [`backend::Backend`]; arguments are validated once,
 //! in [`ops`], for all of them.
@@ -50,7 +52,7 @@ pub mod vectors;
 // Each module also at the crate root, where callers have always named it.
 pub use device::{detect, kernel_abi, kernels, launch, targets};
 pub use numerics::{formats, layout, math, reference};
-pub use operations::{gather, ops, tensor};
+pub use operations::{gather, indexer_k, ops, tensor};
 
 pub use backend::cpu::CpuBackend;
 #[cfg(feature = "cuda")]
@@ -60,6 +62,7 @@ pub use backend::hip::HipBackend;
 pub use backend::Backend;
 pub use error::{Error, IndexValues, Result, Rows, Touched, TouchedRows};
 pub use gather::{GatherArgs, GatherIndex};
+pub use indexer_k::{IndexerKArgs, IndexerKFormat, IndexerKOrder};
 pub use launch::LaunchPolicy;
 pub use layout::{RecordLayout, RecordOrder};
 pub use ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};

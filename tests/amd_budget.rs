@@ -595,6 +595,12 @@ fn unit(kernel: &str) -> Option<(&'static str, f64, f64)> {
         let r = record(rest.rsplit('_').next().map(|l| format!("_{l}"))?.as_str())?;
         return Some(("CR2 item", per_wave_cr2(kernel), CR2_ITEM + r + COS));
     }
+    if let Some(format) = kernel.strip_prefix("kv_indexer_k_") {
+        // Eight tokens a wavefront (eight lanes a token); the BF16 key row,
+        // the cos/sin row, the indices, the record.
+        let r = if format == "fp8" { 132.0 } else { 68.0 };
+        return Some(("token", 8.0, 256.0 + COS + IDX + r));
+    }
     if let Some(rest) = kernel.strip_prefix("kv_gather_") {
         let mut it = rest.split('_');
         let layout = it.next()?;

@@ -3,7 +3,10 @@
 A drop-in for ``vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache``:
 the same three functions with the same arguments and in-place semantics,
 plus the fused launch, and the reader ``gather_dequant`` (records gathered
-by slot or by block table and written back dequantized to BF16 or F32). CPU tensors run on the library's CPU reference,
+by slot or by block table and written back dequantized to BF16 or F32).
+``indexer_k_norm_rope_store`` is a drop-in for vLLM's V4.1 indexer key store
+(``vllm.models.deepseek_v41.common.ops.indexer_k_store``), with the page
+order an argument. CPU tensors run on the library's CPU reference,
 CUDA tensors on its CUDA kernels on torch's current stream, and the "cuda"
 tensors of a ROCm build of torch on its HIP kernels. The bytes are the
 same on all three.
@@ -22,6 +25,7 @@ from ._native import (
     fused_compress_insert,
     fused_save_compress_norm,
     gather_dequant,
+    indexer_k_norm_rope_store,
     info,
     rope_quant_insert,
     save_ring_rows,
@@ -34,6 +38,7 @@ __all__ = [
     "save_ring_rows",
     "fused_compress_insert",
     "gather_dequant",
+    "indexer_k_norm_rope_store",
     "SkipCounts",
     "take_skip_counts",
     "init",

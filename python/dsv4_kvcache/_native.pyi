@@ -5,6 +5,7 @@ import torch
 # Where a 584/528/288 B record's scales go: "planar" (the seed's: a page's
 # values, then its scales) or "per_token" (vLLM 0.34.0's).
 RecordOrder = Literal["planar", "per_token"]
+IndexerKOrder = Literal["row_major", "tiled", "preshuffled"]
 
 __version__: str
 
@@ -45,6 +46,21 @@ def gather_dequant(
     seq_starts: Optional[torch.Tensor] = None,
     fp8_scale: Optional[torch.Tensor] = None,
     record_order: RecordOrder = "planar",
+) -> None: ...
+def indexer_k_norm_rope_store(
+    k_pre: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    rms_norm_weight: torch.Tensor,
+    rms_norm_eps: float,
+    k_cache: torch.Tensor,
+    kv_slot_mapping: torch.Tensor,
+    compress_ratio: int,
+    use_fp4_cache: bool,
+    mxfp4_n_per_tile: int = 0,
+    *,
+    k_order: IndexerKOrder = "row_major",
+    mx_scale: bool = False,
 ) -> None: ...
 def fused_compress_insert(
     kv_score: torch.Tensor,

@@ -46,6 +46,11 @@ _SCHEMAS = {
         "Tensor? cu_seq_lens=None, Tensor? seq_starts=None, Tensor? fp8_scale=None, "
         'str record_order="planar"'
     ),
+    "indexer_k_norm_rope_store": (
+        "Tensor k_pre, Tensor positions, Tensor cos_sin_cache, Tensor rms_norm_weight, "
+        "float rms_norm_eps, Tensor(a!) k_cache, Tensor kv_slot_mapping, int compress_ratio, "
+        'bool use_fp4_cache, int mxfp4_n_per_tile=0, *, str k_order="row_major", bool mx_scale=False'
+    ),
 }
 
 __all__ = list(_SCHEMAS)
@@ -74,8 +79,10 @@ def _signature(name):
             hint = Optional[hint]
         if default.startswith('"'):
             default = default.strip('"')
-        elif default:
+        elif default in _DEFAULTS:
             default = _DEFAULTS[default]
+        elif default:
+            default = int(default)
         else:
             default = inspect.Parameter.empty
         params.append(inspect.Parameter(pname, kind, default=default, annotation=hint))
@@ -120,6 +127,7 @@ rope_quant_insert = torch.ops.dsv4_kvcache.rope_quant_insert
 save_ring_rows = torch.ops.dsv4_kvcache.save_ring_rows
 fused_compress_insert = torch.ops.dsv4_kvcache.fused_compress_insert
 gather_dequant = torch.ops.dsv4_kvcache.gather_dequant
+indexer_k_norm_rope_store = torch.ops.dsv4_kvcache.indexer_k_norm_rope_store
 
 
 def _in_graph(name):

@@ -1,6 +1,11 @@
 """dsv4_kvcache's vLLM plugin: its functions in place of the Triton ones of
-``vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache``, each
-only where a byte self-check shows it writes what vLLM's writes.
+vLLM's DeepSeek V4.1 ops modules (:data:`TARGETS`), each only where a byte
+self-check shows it writes what vLLM's writes:
+
+- ``vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache``:
+  ``fused_save_compress_norm``, ``rope_quant_insert``, ``save_ring_rows``;
+- ``vllm.models.deepseek_v41.common.ops.indexer_k_store``:
+  ``indexer_k_norm_rope_store``.
 
 vLLM calls :func:`register` (entry point ``dsv4_kvcache`` of the group
 ``vllm.general_plugins``) in every process it starts. This package is pure
@@ -12,21 +17,44 @@ with every other ``VLLM_*`` variable. When on, it also adds
 set under its first name reaches Ray workers too.
 
 Switched on, it installs an import hook and never imports vLLM itself. When
-the ops module is (or already was) imported, the plugin *adopts* it: every
-function named in :data:`dsv4_kvcache_vllm._check.SPECS` that the module has
-is checked and then replaced or kept on its own; a name the module lacks is
-left alone (logged once). The check calls vLLM's function and ours on the
-same small deterministic inputs, on the process's device, for every record
-layout and mode the function accepts, random and adversarial values, with
-vLLM's sanitize setting; ours replaces vLLM's only if every byte is
-identical, for the paged records in one of the two record orders this
-package writes, bound per record width (vLLM 0.34.0 writes 584 B records
-page-planar and 528 B / 288 B records per token). A case vLLM's function
-cannot run on the device is not comparable and does not count; a function
-with any differing byte, or with no case that ran, stays vLLM's, with a
-WARNING. A replaced function is patched in the ops module and in every
-module that bound it by name (the compressor does ``from ... import``),
-also in modules imported later.
+one of these modules is (or already was) imported, the plugin *adopts* it,
+each module on its own: every function of :data:`FUNCTIONS` that the module
+has is checked and then replaced or kept on its own; a name the module
+lacks is left alone (logged once), and so are the functions of a module
+this vLLM does not have (vLLM d444c3d has no ``indexer_k_store``; logged
+once at INFO). The check calls vLLM's function and ours on the same small
+deterministic inputs, on the process's device, for every record layout and
+mode the function accepts, random and adversarial values, with vLLM's
+sanitize setting; ours replaces vLLM's only if every byte is identical, for
+the paged records in one of the two record orders this package writes,
+bound per record width (vLLM 0.34.0 writes 584 B records page-planar and
+528 B / 288 B records per token). A case vLLM's function cannot run on the
+device is not comparable and does not count; a function with any differing
+byte, or with no case that ran, stays vLLM's, with a WARNING. A replaced
+function is patched in its module and in every module that bound it by
+name (the compressor does ``from ... import``, and vLLM's
+``deepseek_v41/attention.py`` imports ``indexer_k_norm_rope_store`` from
+the ops package, which re-exports it), also in modules imported later.
+
+The indexer key store writes its pages in an order vLLM picks from the
+platform, which ours takes as an argument: the replacement reads what
+vLLM's function reads, once, where the check runs, and passes the same
+decision to ours on every call. On ROCm (vLLM's
+``current_platform.is_rocm()``) a cache of block_size > 1 is tiled: FP8
+keys in 16 x 16 tiles (``k_order="tiled"``) and MXFP4 keys in AITER's
+order with the caller's ``mxfp4_n_per_tile`` (``"preshuffled"``) where
+vLLM's function has that parameter; vLLM 0.34.0's has not and raises
+``NotImplementedError`` there, and so does the replacement, by calling it.
+Where vLLM's function calls ``mqa_logits_use_mx_scales()`` (vLLM 0.34.0;
+true on CUDA SM100-family GPUs), its value decides the FP8 scale form
+(``mx_scale``). Any other call vLLM's function would refuse (a block size
+the tiles do not divide, an N other than 16, 32 or 64 or one that does not
+divide the block size) goes to vLLM's function too, and the replacement has
+vLLM's signature (with ``mxfp4_n_per_tile`` only where vLLM's has it). The check runs FP8 and MXFP4 keys, CR 1 and 2, paged caches
+of 1, 16 and 64 positions a block, in the order vLLM writes on this
+platform; vLLM's MXFP4 kernel uses a Blackwell-only conversion, so on
+Hopper and ROCm its MXFP4 cases are not comparable and MXFP4 calls stay
+with vLLM's function, while the FP8 cases decide.
 
 When the check runs, and so when this package's backend is created
 (``dsv4_kvcache.init``), is fixed, so that it never happens inside a CUDA
@@ -45,9 +73,12 @@ graph capture:
   function and logs a WARNING, and the check waits for a later call.
 
 Where the backend cannot start (no kernels for the device's architecture in
-this wheel), nothing is replaced and one WARNING says why. :func:`register`
-never raises: any failure becomes a WARNING and leaves vLLM as it was. Lines
-go to the logger ``vllm.plugins.dsv4_kvcache``, a child of vLLM's.
+this wheel), nothing is replaced and one WARNING says why (a second module
+meeting the same reason says it at INFO). A module of which nothing was
+replaced says so at WARNING. :func:`register` never raises: any failure
+becomes a WARNING and leaves vLLM as it was; :func:`unpatch` puts vLLM's
+functions back. Lines go to the logger ``vllm.plugins.dsv4_kvcache``, a
+child of vLLM's.
 """
 
 from __future__ import annotations
@@ -65,7 +96,17 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 ENV = "DSV4_KVCACHE_VLLM"
 ALIAS = "VLLM_DSV4_KVCACHE"
 RAY_COPY = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
-TARGET = "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache"
+# vLLM's modules the plugin adopts, and the functions it checks in each
+# (their specs are in _check.SPECS). TARGET is the first, for earlier users.
+TARGETS = (
+    "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache",
+    "vllm.models.deepseek_v41.common.ops.indexer_k_store",
+)
+FUNCTIONS: Dict[str, Tuple[str, ...]] = {
+    TARGETS[0]: ("fused_save_compress_norm", "rope_quant_insert", "save_ring_rows"),
+    TARGETS[1]: ("indexer_k_norm_rope_store",),
+}
+TARGET = TARGETS[0]
 
 # A child of vLLM's logger, so the lines go where vLLM's own go.
 logger = logging.getLogger("vllm.plugins.dsv4_kvcache")
@@ -75,8 +116,9 @@ _finder: Optional["_Finder"] = None
 # id -> (function, what replaces it): vLLM's originals and the shims; the
 # tuples keep both alive, so an id is never reused while it is here.
 _map: Dict[int, Tuple[Callable[..., Any], Callable[..., Any]]] = {}
-# ids of every function this plugin installed (replacements and shims).
-_installed: Set[int] = set()
+# id -> (function, vLLM's original it stands for) of every function this
+# plugin installed (replacements and shims), for unpatch().
+_installed: Dict[int, Tuple[Callable[..., Any], Callable[..., Any]]] = {}
 # (id(module), attribute) -> (module, attribute, vLLM's value), for unpatch().
 _patched: Dict[Tuple[int, str], Tuple[Any, str, Any]] = {}
 _status: Dict[str, Dict[str, Any]] = {}
@@ -187,10 +229,11 @@ def _lookup(name: str, path: Optional[Sequence[str]]) -> Tuple[bool, Optional[Li
     return True, _locations(spec)
 
 
-def _target_exists() -> bool:
-    """Whether vLLM has the ops module, found without executing it or any
-    package above it that is not loaded yet (namespace packages included)."""
-    parts = TARGET.split(".")
+def _target_exists(target: str = TARGET) -> bool:
+    """Whether vLLM has the module ``target``, found without executing it or
+    any package above it that is not loaded yet (namespace packages
+    included)."""
+    parts = target.split(".")
     path: Optional[List[str]] = None
     for i in range(len(parts)):
         name = ".".join(parts[: i + 1])
@@ -295,7 +338,11 @@ def _decide(module_name: str, found: Dict[str, Callable[..., Any]], sanitize: Op
         except Exception:  # noqa: BLE001  (the targets are only for the log line)
             embeds = "unknown"
         reason = f"no backend on {where}: {e} (this wheel embeds kernels for {embeds})"
-        _log(logging.WARNING, "%s; nothing replaced, vLLM's %s kept", reason, ", ".join(found))
+        # One WARNING per reason: a second module meeting it is said at INFO.
+        key = f"nobackend:{reason}"
+        level = logging.INFO if key in _once else logging.WARNING
+        _once.add(key)
+        _log(level, "%s; nothing replaced, vLLM's %s kept", reason, ", ".join(found))
         for name in found:
             _status[name] = {"state": "kept", "reason": reason, "device": str(device)}
         return final, True
@@ -304,6 +351,11 @@ def _decide(module_name: str, found: Dict[str, Callable[..., Any]], sanitize: Op
     for name, original in found.items():
         spec = _check.SPECS[name]
         try:
+            # A spec made for this function: what vLLM's reads (the platform), once.
+            spec = _check.prepare(spec, original)
+            if spec.facts:
+                _log(logging.INFO, "%s: vLLM's function on %s: %s", name, where,
+                     ", ".join(f"{k}={v}" for k, v in spec.facts.items()))
             result, _ = _check.run(spec, original, device, sanitize)
         except Exception as e:  # noqa: BLE001  (the check itself failed: keep vLLM's)
             result = _check.Result({}, f"the self-check failed: {type(e).__name__}: {e}", 0, {}, 0.0)
@@ -314,6 +366,8 @@ def _decide(module_name: str, found: Dict[str, Callable[..., Any]], sanitize: Op
             _log(logging.INFO, "%s: not comparable (vLLM's raised %s): %s", name, why, ", ".join(cases))
         entry: Dict[str, Any] = {"cases": result.cases, "not_comparable": skipped,
                                  "seconds": result.seconds, "device": str(device), "module": module_name}
+        if spec.facts:
+            entry["dispatch"] = dict(spec.facts)
         if result.refused:
             _log(logging.WARNING, "kept vLLM's %s: %s", name, result.refused)
             entry.update(state="kept", reason=result.refused)
@@ -324,17 +378,17 @@ def _decide(module_name: str, found: Dict[str, Callable[..., Any]], sanitize: Op
                 entry.update(state="kept", reason=f"binding failed: {type(e).__name__}: {e}")
                 _log(logging.WARNING, "kept vLLM's %s: %s", name, entry["reason"])
             else:
-                _installed.add(id(final[name]))
+                _installed[id(final[name])] = (final[name], original)
                 entry.update(state="replaced", orders={k: v for k, v in result.bound.items() if k})
         _status[name] = entry
     return final, False
 
 
-def _install(found: Dict[str, Callable[..., Any]], final: Dict[str, Callable[..., Any]],
+def _install(module_name: str, found: Dict[str, Callable[..., Any]], final: Dict[str, Callable[..., Any]],
              shims: Optional[Dict[str, Callable[..., Any]]] = None, warned: bool = False) -> None:
     """Maps each original (and its shim) to its final function, sweeps every
-    module, and logs what was replaced where (a WARNING where nothing was,
-    unless ``warned``: the reason is logged already)."""
+    module, and logs what was replaced where (a WARNING where nothing of
+    ``module_name``'s was, unless ``warned``: the reason is logged already)."""
     for name, original in found.items():
         _map[id(original)] = (original, final[name])
         if shims:
@@ -352,8 +406,8 @@ def _install(found: Dict[str, Callable[..., Any]], final: Dict[str, Callable[...
                       if any(id(getattr(sys.modules.get(m), a, None)) in ours for a in attrs))
         _log(logging.INFO, "replaced %s in %s", what, ", ".join(mods))
     elif not warned:
-        _log(logging.WARNING, "%s is switched on but replaced nothing: %s keeps its own functions "
-             "(the lines above say why)", ENV, _vllm())
+        _log(logging.WARNING, "%s is switched on but replaced nothing in %s: %s keeps its own functions "
+             "(the lines above say why)", ENV, module_name, _vllm())
 
 
 class _Deferred:
@@ -405,20 +459,22 @@ class _Deferred:
                      type(e).__name__, e)
                 final, warned = dict(self.found), True
             self.final = final
-            _install(self.found, final, self.shims, warned)
+            _install(self.module_name, self.found, final, self.shims, warned)
             return final
 
 
 def _adopt(module: ModuleType) -> None:
-    """Checks and replaces (or defers the check of) each function the ops
-    module has; see the module docstring."""
+    """Checks and replaces (or defers the check of) each function of
+    :data:`FUNCTIONS` the module has; see the module docstring."""
     try:
         from . import _check
     except Exception as e:  # noqa: BLE001  (dsv4_kvcache or torch cannot be imported)
-        _log(logging.WARNING, "cannot load dsv4_kvcache (%s: %s); nothing replaced", type(e).__name__, e)
+        _log_once(logging.WARNING, f"noload:{type(e).__name__}: {e}", "cannot load dsv4_kvcache (%s: %s); "
+                  "nothing replaced", type(e).__name__, e)
         return
+    names = FUNCTIONS[module.__name__]
     found: Dict[str, Callable[..., Any]] = {}
-    for name in _check.SPECS:
+    for name in names:
         fn = getattr(module, name, None)
         if not callable(fn):
             _log_once(logging.INFO, f"absent:{module.__name__}:{name}",
@@ -430,9 +486,9 @@ def _adopt(module: ModuleType) -> None:
             continue  # checked already (a second register() or import)
         found[name] = fn
     if not found:
-        if not any(s.get("state") != "absent" for s in _status.values()):
+        if not any(_status.get(n, {}).get("state", "absent") != "absent" for n in names):
             _log_once(logging.WARNING, f"none:{module.__name__}", "%s's %s has none of %s; nothing "
-                      "replaced", _vllm(), module.__name__, ", ".join(_check.SPECS))
+                      "replaced", _vllm(), module.__name__, ", ".join(names))
         return
     sanitize = _sanitize(module)
     device, why = _device_now()
@@ -440,22 +496,22 @@ def _adopt(module: ModuleType) -> None:
         deferred = _Deferred(module.__name__, found, sanitize)
         for name, fn in found.items():
             _map[id(fn)] = (fn, deferred.shims[name])
-            _installed.add(id(deferred.shims[name]))
+            _installed[id(deferred.shims[name])] = (deferred.shims[name], fn)
             _status[name] = {"state": "deferred", "reason": why, "module": module.__name__}
         _sweep()
         _log(logging.INFO, "%s: the self-check of %s waits for their first call outside a graph "
              "capture", why, ", ".join(found))
         return
     final, warned = _decide(module.__name__, found, sanitize, device)
-    _install(found, final, warned=warned)
+    _install(module.__name__, found, final, warned=warned)
 
 
 def _on_loaded(module: ModuleType) -> None:
-    """After a ``vllm`` module ran: adopt the ops module, or patch a module
-    that bound functions this plugin replaces."""
+    """After a ``vllm`` module ran: adopt it if it is one of :data:`TARGETS`,
+    else patch it where it bound functions this plugin replaces."""
     with _lock:
         try:
-            if module.__name__ == TARGET:
+            if module.__name__ in FUNCTIONS:
                 _adopt(module)
             else:
                 _sweep([(module.__name__, module)])
@@ -516,18 +572,30 @@ def _register() -> None:
     if not on:
         return
     with _lock:
-        if not _target_exists():
-            _log(logging.WARNING, "%s is set but %s has no %s; nothing replaced", ENV, _vllm(), TARGET)
+        present = [t for t in TARGETS if _target_exists(t)]
+        if not present:
+            _log(logging.WARNING, "%s is set but %s has none of %s; nothing replaced", ENV, _vllm(),
+                 ", ".join(TARGETS))
             return
+        for target in TARGETS:
+            if target in present:
+                continue
+            reason = f"{_vllm()} has no {target}"
+            _log_once(logging.INFO, f"no-module:{target}", "%s: %s not replaced", reason,
+                      ", ".join(FUNCTIONS[target]))
+            for name in FUNCTIONS[target]:
+                _status.setdefault(name, {"state": "absent", "module": target, "reason": reason})
         if _finder is None:
             _finder = _Finder()
             sys.meta_path.insert(0, _finder)
-        module = sys.modules.get(TARGET)
-        if module is None:
-            _log(logging.INFO, "will check vLLM's functions in %s when it is imported, and replace "
-                 "those that pass", TARGET)
-        else:
-            _adopt(module)
+        waiting = [t for t in present if sys.modules.get(t) is None]
+        if waiting:
+            _log(logging.INFO, "will check vLLM's functions in %s when imported, and replace "
+                 "those that pass", " and ".join(waiting))
+        for target in present:
+            module = sys.modules.get(target)
+            if module is not None:
+                _adopt(module)
         _forward_switch()
 
 
@@ -551,17 +619,24 @@ def register() -> None:
 
 def status() -> Dict[str, Dict[str, Any]]:
     """What the plugin did in this process, per function name: ``state``
-    (``replaced``, ``kept``, ``deferred`` or ``absent``), ``orders`` (the
-    record order bound per layout of a replaced insert), the self-check's
-    ``cases``, ``not_comparable``, ``seconds`` and ``device``, and the
-    ``reason`` a function was kept or deferred."""
+    (``replaced``, ``kept``, ``deferred`` or ``absent``), ``module`` (vLLM's
+    module it is in), ``orders`` (the layouts a replaced function writes,
+    with the record order bound per layout of a replaced insert; for the
+    indexer key store, its formats in the page order vLLM writes them in
+    here), ``dispatch`` (what the indexer key store read from vLLM: ``rocm``,
+    ``mx_scale``, ``n_per_tile``), the self-check's ``cases``,
+    ``not_comparable``, ``seconds`` and ``device``, and the ``reason`` a
+    function was kept, deferred or absent (its module missing)."""
     with _lock:
         return {name: dict(entry) for name, entry in _status.items()}
 
 
 def unpatch() -> None:
     """Undoes :func:`register`: vLLM's functions back in every module this
-    plugin changed, the import hook removed, the plugin's state cleared."""
+    plugin changed, and in every module that bound one of this plugin's
+    functions itself (``from ... import`` after the replacement, or a
+    package re-exporting a module adopted while the package was being
+    imported), the import hook removed, the plugin's state cleared."""
     global _finder
     with _lock:
         for module, attr, value in _patched.values():
@@ -570,6 +645,21 @@ def unpatch() -> None:
             except Exception:  # noqa: BLE001  (a module that refuses assignment keeps ours)
                 pass
         _patched.clear()
+        for mod_name, mod in list(sys.modules.items()):
+            # dsv4_kvcache's own modules hold its functions as their own.
+            if mod is None or mod_name in _OWN or mod_name.split(".")[0] == "dsv4_kvcache":
+                continue
+            try:
+                attrs = list(vars(mod).items())
+            except TypeError:
+                continue
+            for attr, value in attrs:
+                entry = _installed.get(id(value))
+                if entry is not None and entry[0] is value:
+                    try:
+                        setattr(mod, attr, entry[1])
+                    except Exception:  # noqa: BLE001  (as above)
+                        pass
         if _finder is not None:
             try:
                 sys.meta_path.remove(_finder)
@@ -582,4 +672,4 @@ def unpatch() -> None:
         _once.clear()
 
 
-__all__ = ["register", "status", "unpatch", "ENV", "ALIAS", "TARGET"]
+__all__ = ["register", "status", "unpatch", "ENV", "ALIAS", "TARGET", "TARGETS", "FUNCTIONS"]

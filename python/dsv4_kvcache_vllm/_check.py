@@ -6,7 +6,11 @@ imports torch and dsv4_kvcache). Each function this package can stand in
 for has a :class:`Spec` in :data:`SPECS`: its cases (every record layout and
 mode the function accepts, random and adversarial values), how ours is
 called in a given record order, and how the replacement is bound once the
-check has passed. A name added to :data:`SPECS` joins the same mechanism.
+check has passed. A name added to :data:`SPECS` (and to its module's names
+in ``dsv4_kvcache_vllm.FUNCTIONS``) joins the same mechanism. A spec whose
+cases and dispatch depend on what vLLM's function reads at run time (the
+indexer key store: the platform, its MX scale switch, its parameters) is
+first made for that function by :func:`prepare`.
 
 The inputs stay inside vLLM's own contract (every slot in range or -1,
 every position inside the cos/sin table), because vLLM's kernels do not
@@ -16,8 +20,9 @@ check bounds and a case outside it would write outside its buffers.
 from __future__ import annotations
 
 import inspect
+import sys
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -88,6 +93,10 @@ class Spec(NamedTuple):
     ours: Callable[[Optional[str], Optional[bool]], Callable[..., Any]]
     # The replacement: vLLM's original, the order bound per layout, sanitize.
     bind: Callable[[Callable[..., Any], Dict[str, Optional[str]], Optional[bool]], Callable[..., Any]]
+    # The spec for one original of vLLM's (None: this one serves every original).
+    specialize: Optional[Callable[[Callable[..., Any]], "Spec"]] = None
+    # What the specialized spec read from vLLM (for status()), or None.
+    facts: Optional[Dict[str, Any]] = None
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -337,11 +346,271 @@ def _plain(name: str) -> Tuple[Callable[[Optional[str], Optional[bool]], Callabl
     return ours, bind
 
 
+# --- The V4.1 indexer key store (module indexer_k_store) -------------------
+
+INDEXER_K = "indexer_k_norm_rope_store"
+# vLLM's ROCm tiles (FP8: 16 positions x 16 bytes) and the MFMA N values of
+# AITER's MXFP4 order that this package writes.
+_TILE = 16
+_N_PER_TILE = (16, 32, 64)
+_KEY_ARGS = ("k_pre", "positions", "cos_sin_cache", "rms_norm_weight", "rms_norm_eps", "k_cache",
+             "kv_slot_mapping", "compress_ratio", "use_fp4_cache")
+
+
+class KeyPlatform(NamedTuple):
+    """What vLLM's indexer key store decides its page order and scale form
+    from, read once from vLLM: ``rocm`` (its ``current_platform.is_rocm()``:
+    paged caches of block_size > 1 tiled, FP8 in 16 x 16 tiles and, where
+    the function takes ``mxfp4_n_per_tile``, MXFP4 in AITER's order),
+    ``mx_scale`` (its ``mqa_logits_use_mx_scales()``, read only where the
+    function calls it: FP8 scales as four UE8M0 bytes) and ``n_per_tile``
+    (whether the function has the parameter ``mxfp4_n_per_tile``; without
+    it, vLLM raises on a tiled MXFP4 cache)."""
+
+    rocm: bool
+    mx_scale: bool
+    n_per_tile: bool
+
+
+def key_platform(original: Callable[..., Any]) -> KeyPlatform:
+    """Reads :class:`KeyPlatform` where vLLM's function reads it: the names
+    its code uses, looked up in its own module's globals (the platform
+    object vLLM's call sees, its MX scale switch); torch's ROCm build where
+    the function has no Python code to look into."""
+    fn = inspect.unwrap(original)
+    code = getattr(fn, "__code__", None)
+    names = set(code.co_names) if code is not None else set()
+    glb = getattr(fn, "__globals__", None) or {}
+    platform = glb.get("current_platform") if "current_platform" in names else None
+    if platform is None:
+        platform = getattr(sys.modules.get("vllm.platforms"), "current_platform", None)
+    if platform is not None and callable(getattr(platform, "is_rocm", None)):
+        rocm = bool(platform.is_rocm())
+    else:
+        rocm = getattr(torch.version, "hip", None) is not None
+    mx = False
+    switch = glb.get("mqa_logits_use_mx_scales") if "mqa_logits_use_mx_scales" in names else None
+    if callable(switch):
+        mx = bool(switch())
+    params = parameters(original) or []
+    return KeyPlatform(rocm, mx, "mxfp4_n_per_tile" in params)
+
+
+def key_order(platform: KeyPlatform, fp4: bool, block_size: int) -> str:
+    """The page order vLLM writes a call's keys in (``k_order``)."""
+    if platform.rocm and block_size > 1:
+        return "preshuffled" if fp4 else "tiled"
+    return "row_major"
+
+
+def key_layout(platform: KeyPlatform, fp4: bool, order: str) -> str:
+    """The binding key of the keys vLLM writes in one format and order."""
+    if fp4:
+        return f"mxfp4 keys {order}"
+    return f"fp8 keys {order}" + (", ue8m0 scales" if platform.mx_scale else "")
+
+
+def _key_rows(t: int, g: torch.Generator, adversarial: bool) -> torch.Tensor:
+    """``wk(latent)`` rows (f32, before the BF16 rounding); adversarial:
+    zero, infinite (a no-RoPE and a RoPE dim), NaN, huge (the variance
+    overflows), tiny (the epsilon dominates), subnormal and -0 rows, 32-dim
+    blocks twenty binades apart (MXFP4 scales down to their floor), e2m1
+    ties and a row with one dim far above the rest (FP8 steps)."""
+    x = torch.randn(t, 128, generator=g) * torch.exp2(torch.randint(-6, 7, (t, 1), generator=g).float())
+    if not adversarial:
+        return x
+    x[0] = 0.0
+    x[1, 5] = float("inf")
+    x[2, 100] = float("-inf")
+    x[3, 70] = float("nan")
+    x[3, 7] = float("nan")
+    x[4, 0::2] = 3.0e38
+    x[4, 1::2] = -3.0e38
+    x[5] = torch.randn(128, generator=g) * 1e-30
+    x[6] = torch.randn(128, generator=g) * 1e-39
+    x[7] = -0.0
+    for j in range(4):
+        x[8, 32 * j: 32 * j + 32] *= 2.0 ** (20 * j - 50)
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])
+    x[9] = torch.cat([ties, -ties]).repeat(8)
+    x[10, 77] = 1e6
+    return x
+
+
+def _key_case(platform: KeyPlatform, fp4: bool, block: int, cr: int, adversarial: bool, seed: int,
+              n_per_tile: int) -> Dict[str, Any]:
+    """One call of 16 tokens (and 3 rows of padding in ``k_pre`` and
+    ``positions``, as vLLM's padded batches have), two of them with slot
+    -1, positions on and off group boundaries, every slot in range and
+    distinct, every position inside the cos/sin table."""
+    g = _gen(seed)
+    t, pad, max_pos = 16, 3, 64
+    blocks = max(2, -(-(t + 4) // block))
+    rows = _key_rows(t + pad, g, adversarial)
+    if adversarial:
+        # A row stride other than 128 (vLLM reads k_pre.stride(0)).
+        wide = torch.randn(t + pad, 192, generator=g)
+        wide[:, 32:160] = rows
+        k_pre = wide.bfloat16()[:, 32:160]
+    else:
+        k_pre = rows.bfloat16()
+    positions = torch.randint(0, max_pos, (t + pad,), generator=g)
+    slots = torch.randperm(blocks * block, generator=g)[:t]
+    if adversarial:
+        # Every special row at an odd position: a group end for CR 1 and 2.
+        positions[:11] = torch.arange(11) * 2 + 1
+        slots[11], slots[14] = -1, -1
+        positions, slots = positions.int(), slots.int()
+    else:
+        slots[3], slots[12] = -1, -1
+    ang = torch.rand(max_pos, 32, generator=g) * 6.3
+    cos_sin = torch.cat([ang.cos(), ang.sin()], 1)
+    weight = 1.0 + 0.25 * torch.randn(128, generator=g)
+    if adversarial:
+        cos_sin, weight = cos_sin.bfloat16(), weight.bfloat16()
+    values: Dict[str, Any] = dict(
+        k_pre=k_pre, positions=positions, cos_sin_cache=cos_sin, rms_norm_weight=weight,
+        rms_norm_eps=1e-6, k_cache=_canary((blocks, block, 68 if fp4 else 132), torch.uint8, g),
+        kv_slot_mapping=slots, compress_ratio=cr, use_fp4_cache=fp4)
+    if platform.n_per_tile:
+        values["mxfp4_n_per_tile"] = n_per_tile
+    return values
+
+
+def _key_cases(platform: KeyPlatform) -> List[Case]:
+    """FP8 and MXFP4 keys, CR 1 and 2, random and adversarial, paged caches
+    of 16 and 64 positions a block (and one of 1, which vLLM writes
+    row-major on ROCm too), each case's layout the order vLLM writes it in
+    on this platform."""
+    cases = []
+    seed = 4000
+    keywords = ("mxfp4_n_per_tile",) if platform.n_per_tile else ()
+    plan = [(fp4, block, cr, kind) for fp4 in (False, True) for block in (16, 64) for cr in (1, 2)
+            for kind in ("random", "adversarial")]
+    plan += [(False, 1, 2, "random"), (True, 1, 2, "random")]
+    for i, (fp4, block, cr, kind) in enumerate(plan):
+        seed += 1
+        # AITER's N: each of 16, 32 and 64 where it divides the block size
+        # (passed to every call of a function that takes it: vLLM ignores
+        # it outside ROCm's MXFP4 caches, and so must ours).
+        n = 16 if block == 16 else (0 if block == 1 else _N_PER_TILE[1 + i % 2])
+        values = _key_case(platform, fp4, block, cr, kind == "adversarial", seed, n)
+        layout = key_layout(platform, fp4, key_order(platform, fp4, block))
+        name = f"{'mxfp4' if fp4 else 'fp8'} block {block} cr{cr} {kind}"
+        if platform.n_per_tile and fp4 and block > 1:
+            name += f" N {n}"
+        cases.append(Case(name, layout, values, _KEY_ARGS, keywords))
+    return cases
+
+
+def _key_dispatch(platform: KeyPlatform, original: Callable[..., Any],
+                  bound: Optional[Iterable[str]]) -> Callable[..., Any]:
+    """Ours with vLLM's signature, writing each call in the order vLLM
+    would on this platform (and its scale form), for the layouts in
+    ``bound`` (None: all); vLLM's function for every other call, and for
+    the calls on which vLLM raises (MXFP4 on a tiled ROCm cache without
+    ``mxfp4_n_per_tile``, a block size the tiles do not divide, an N other
+    than 16, 32 or 64 or one that does not divide the block size), so that
+    the caller sees vLLM's error."""
+    ours = dk.indexer_k_norm_rope_store
+    layouts = None if bound is None else set(bound)
+
+    def kwargs(fp4: bool, block_size: int) -> Optional[Dict[str, Any]]:
+        order = key_order(platform, fp4, block_size)
+        if order == "preshuffled" and not platform.n_per_tile:
+            return None
+        if layouts is not None and key_layout(platform, fp4, order) not in layouts:
+            return None
+        mx = platform.mx_scale and not fp4
+        # vLLM's CUDA order with f32 scales is ours by default: no keywords to parse.
+        return {} if order == "row_major" and not mx else {"k_order": order, "mx_scale": mx}
+
+    # Per format (FP8, MXFP4): the keywords of a row-major call, and of a
+    # tiled one (a ROCm cache of block_size > 1).
+    flat = (kwargs(False, 1), kwargs(True, 1))
+    tiled = (kwargs(False, 2), kwargs(True, 2)) if platform.rocm else flat
+    rocm = platform.rocm
+
+    def pick(fp4: int, k_cache: Any, n: int) -> Optional[Dict[str, Any]]:
+        block_size = k_cache.shape[1]
+        if block_size <= 1:
+            return flat[fp4]
+        if fp4:
+            return tiled[1] if n in _N_PER_TILE and block_size % n == 0 else None
+        return tiled[0] if block_size % _TILE == 0 else None
+
+    if platform.n_per_tile:
+        def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
+                                      k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache,
+                                      mxfp4_n_per_tile=0):
+            fp4 = 1 if use_fp4_cache else 0
+            kw = pick(fp4, k_cache, mxfp4_n_per_tile) if rocm else flat[fp4]
+            if kw is None:
+                return original(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                                kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile)
+            return ours(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                        kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile, **kw)
+    else:
+        def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
+                                      k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache):
+            fp4 = 1 if use_fp4_cache else 0
+            kw = pick(fp4, k_cache, 0) if rocm else flat[fp4]
+            if kw is None:
+                return original(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                                kv_slot_mapping, compress_ratio, use_fp4_cache)
+            return ours(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                        kv_slot_mapping, compress_ratio, use_fp4_cache, **kw)
+
+    what = "every layout" if layouts is None else (describe_bound({k: None for k in sorted(layouts)})
+                                                     or "no layout")
+    indexer_k_norm_rope_store.__doc__ = (
+        "dsv4_kvcache's indexer_k_norm_rope_store in place of vLLM's, in the page order and scale "
+        f"form vLLM writes on this platform ({platform_text(platform)}), for the layouts its "
+        f"self-check passed ({what}); vLLM's for any other call.")
+    return indexer_k_norm_rope_store
+
+
+def platform_text(platform: KeyPlatform) -> str:
+    """``ROCm, FP8 scales f32, mxfp4_n_per_tile taken``, for the log and docs."""
+    return (f"{'ROCm' if platform.rocm else 'not ROCm'}, FP8 scales "
+            f"{'as four UE8M0 bytes' if platform.mx_scale else 'f32'}, mxfp4_n_per_tile "
+            f"{'taken' if platform.n_per_tile else 'absent'}")
+
+
+def _key_spec(original: Callable[..., Any]) -> Spec:
+    """The indexer key store's spec for vLLM's ``original``."""
+    platform = key_platform(original)
+
+    def cases(params: Optional[Sequence[str]]) -> List[Case]:
+        del params  # read into the platform already
+        return _key_cases(platform)
+
+    def ours(order: Optional[str], sanitize: Optional[bool]) -> Callable[..., Any]:
+        return _key_dispatch(platform, original, None)
+
+    def bind(fn: Callable[..., Any], bound: Dict[str, Optional[str]],
+             sanitize: Optional[bool]) -> Callable[..., Any]:
+        return _key_dispatch(platform, fn, bound)
+
+    return Spec(INDEXER_K, cases, ours, bind, None, platform._asdict())
+
+
+def _unprepared(*args: Any) -> Any:
+    raise TypeError(f"the spec of {INDEXER_K} is made per vLLM function: call prepare() first")
+
+
+def prepare(spec: Spec, original: Callable[..., Any]) -> Spec:
+    """``spec`` made for vLLM's function ``original`` (itself where it
+    serves every original)."""
+    return spec if spec.specialize is None else spec.specialize(original)
+
+
 SPECS: Dict[str, Spec] = {
     "fused_save_compress_norm": Spec("fused_save_compress_norm", _compress_cases,
                                      *_plain("fused_save_compress_norm")),
     "rope_quant_insert": Spec("rope_quant_insert", _rope_cases, _rope_ours, _rope_bind),
     "save_ring_rows": Spec("save_ring_rows", _ring_cases, *_plain("save_ring_rows")),
+    INDEXER_K: Spec(INDEXER_K, _unprepared, _unprepared, _unprepared, _key_spec),
 }
 
 
@@ -351,7 +620,8 @@ def describe_bound(bound: Dict[str, Optional[str]]) -> str:
     for key, order in bound.items():
         if not key:
             continue
-        parts.append(f"{LAYOUT_NAMES[key]} {order}" if order else LAYOUT_NAMES[key])
+        name = LAYOUT_NAMES.get(key, key)
+        parts.append(f"{name} {order}" if order else name)
     return ", ".join(parts)
 
 
@@ -397,8 +667,11 @@ def run(spec: Spec, original: Callable[..., Any], device: torch.device,
         sanitize: Optional[bool]) -> Tuple[Result, Dict[str, Dict[Optional[str], Mismatch]]]:
     """Runs ``spec``'s cases through ``original`` and ours on ``device``.
     Returns the decision and, per layout and order, the first mismatch.
-    vLLM's failures on a case make it not comparable; they never escape."""
+    vLLM's failures on a case make it not comparable; they never escape.
+    A spec made per original (:func:`prepare`) is made for ``original`` here
+    if it was not yet."""
     start = time.perf_counter()
+    spec = prepare(spec, original)
     cases = spec.cases(parameters(original))
     not_comparable: Dict[str, List[str]] = {}
     mismatches: Dict[str, Dict[Optional[str], Mismatch]] = {}
@@ -436,7 +709,7 @@ def run(spec: Spec, original: Callable[..., Any], device: torch.device,
             bound[layout] = good[0]
             continue
         what = "; ".join((f"{o} order: " if o else "") + m.describe() for o, m in failed.items())
-        differences.append((f"{LAYOUT_NAMES[layout]}: " if layout else "") + what)
+        differences.append((f"{LAYOUT_NAMES.get(layout, layout)}: " if layout else "") + what)
     refused = None
     if differences:
         refused = "ours differs from vLLM's: " + " | ".join(differences)

@@ -1,4 +1,4 @@
-//! One operation's call bound to a backend, written once for all five:
+//! One operation's call bound to a backend, written once for all six:
 //! the tensors' views, in the operation's table's declared order
 //! ([`dsv4_kvcache::ops::Operation`]), bound as a target's memory and run
 //! through that target's entry point. It knows nothing of Python
@@ -12,7 +12,9 @@ use dsv4_kvcache::backend::{
     gpu::{Driver, GpuBackend},
     RawDevice, RawStream,
 };
-use dsv4_kvcache::ops::{CompressOp, FusedOp, GatherOp, InsertOp, Operation, RingOp, Role};
+use dsv4_kvcache::ops::{
+    CompressOp, FusedOp, GatherOp, IndexerKOp, InsertOp, Operation, RingOp, Role,
+};
 use dsv4_kvcache::tensor::Storage;
 use dsv4_kvcache::{Backend, CpuBackend, TensorMut};
 use pyo3::prelude::*;
@@ -116,6 +118,7 @@ launch! { |b, a, s|
     RingOp: save_ring_rows, save_ring_rows_host, save_ring_rows_raw ();
     FusedOp: fused_compress_insert, fused_compress_insert_host, fused_compress_insert_raw (s);
     GatherOp: gather_dequant, gather_dequant_host, gather_dequant_raw ();
+    IndexerKOp: indexer_k_norm_rope_store, indexer_k_norm_rope_store_host, indexer_k_norm_rope_store_raw ();
 }
 
 /// One call of operation `O`: its tensors' views and its scalars.

@@ -1,4 +1,4 @@
-//! One operation's call from Python, written once for all five: its
+//! One operation's call from Python, written once for all six: its
 //! tensors read from the Python arguments named in the operation's table
 //! ([`dsv4_kvcache::ops::Operation`]) and put in the table's declared
 //! order, its scalars read by name, and the [`Call`] handed to
@@ -6,8 +6,8 @@
 
 use crate::bind::{Call, Launch};
 use crate::tensor::{opt_view, ratio, torch, view, Torch, View};
-use dsv4_kvcache::ops::CompressScalars;
-use dsv4_kvcache::RecordOrder;
+use dsv4_kvcache::ops::{CompressScalars, IndexerKScalars};
+use dsv4_kvcache::{IndexerKFormat, IndexerKOrder, RecordOrder};
 use pyo3::prelude::*;
 use std::convert::Infallible;
 use std::sync::OnceLock;
@@ -20,6 +20,17 @@ enum Scalar {
     Flag(bool),
     Choice(Option<bool>),
     Order(RecordOrder),
+    /// `k_order`'s value, checked (the preshuffled order's N is an integer
+    /// argument of its own).
+    KOrder(KOrder),
+}
+
+/// The indexer key store's page order without its N.
+#[derive(Clone, Copy)]
+enum KOrder {
+    RowMajor,
+    Tiled,
+    Preshuffled,
 }
 
 /// A call's arguments as its function received them: each tensor read at
@@ -73,16 +84,31 @@ macro_rules! put_scalar {
 
 put_scalar!(i64 => Int, f64 => Float, bool => Flag, Option<bool> => Choice);
 
-/// The one string parameter, `record_order`: checked here, so a bad value
-/// is a ValueError naming the argument before any tensor is touched.
+/// The string parameters, `record_order` and `k_order`: checked here, so a
+/// bad value is a ValueError naming the argument before any tensor is
+/// touched.
 impl Put for &str {
     fn put(self, g: &mut Given<'_>, arg: &'static str) -> PyResult<()> {
-        let order = RecordOrder::from_name(self).ok_or_else(|| {
-            pyo3::exceptions::PyValueError::new_err(format!(
-                "{arg}: {self:?}, expected \"planar\" (a page's values, then its scales) or \"per_token\" (each record's scales after its values)"
-            ))
-        })?;
-        g.scalars.push((arg, Scalar::Order(order)));
+        let bad = |expected: &str| {
+            pyo3::exceptions::PyValueError::new_err(format!("{arg}: {self:?}, expected {expected}"))
+        };
+        let v = if arg == "k_order" {
+            Scalar::KOrder(match self {
+                "row_major" => KOrder::RowMajor,
+                "tiled" => KOrder::Tiled,
+                "preshuffled" => KOrder::Preshuffled,
+                _ => {
+                    return Err(bad(
+                        "\"row_major\", \"tiled\" (FP8) or \"preshuffled\" (MXFP4)",
+                    ))
+                }
+            })
+        } else {
+            Scalar::Order(RecordOrder::from_name(self).ok_or_else(|| {
+                bad("\"planar\" (a page's values, then its scales) or \"per_token\" (each record's scales after its values)")
+            })?)
+        };
+        g.scalars.push((arg, v));
         Ok(())
     }
 }
@@ -208,6 +234,31 @@ impl Scalars for (CompressScalars, bool, RecordOrder) {
 impl Scalars for RecordOrder {
     fn read(g: &Given<'_>) -> Self {
         g.order("record_order")
+    }
+}
+
+/// `indexer_k_norm_rope_store`'s: `rms_norm_eps`, `compress_ratio`,
+/// `use_fp4_cache`, `k_order` with `mxfp4_n_per_tile`, `mx_scale`.
+impl Scalars for IndexerKScalars {
+    fn read(g: &Given<'_>) -> Self {
+        let order = match g.scalar("k_order") {
+            Some(Scalar::KOrder(KOrder::Tiled)) => IndexerKOrder::Tiled,
+            Some(Scalar::KOrder(KOrder::Preshuffled)) => IndexerKOrder::Preshuffled {
+                n_per_tile: ratio(g.int("mxfp4_n_per_tile")),
+            },
+            _ => IndexerKOrder::RowMajor,
+        };
+        IndexerKScalars {
+            rms_norm_eps: g.float("rms_norm_eps") as f32,
+            compress_ratio: ratio(g.int("compress_ratio")),
+            format: if g.flag("use_fp4_cache") {
+                IndexerKFormat::Mxfp4
+            } else {
+                IndexerKFormat::Fp8
+            },
+            order,
+            mx_scale: g.flag("mx_scale"),
+        }
     }
 }
 

@@ -28,7 +28,7 @@ mod reference;
 mod tensor;
 
 use call::Given;
-use dsv4_kvcache::ops::{CompressOp, FusedOp, GatherOp, InsertOp, RingOp};
+use dsv4_kvcache::ops::{CompressOp, FusedOp, GatherOp, IndexerKOp, InsertOp, RingOp};
 use pyo3::prelude::*;
 use tensor::{torch, Dev};
 
@@ -155,6 +155,36 @@ compressor_op!(
         skip_latent_out: bool,
         sanitize: Option<bool>,
         record_order: &str,
+    )
+);
+
+op!(
+    IndexerKOp,
+    /// The V4.1 indexer key store (vLLM's `indexer_k_norm_rope_store`): for
+    /// each token that closes a group (`(position + 1) % compress_ratio ==
+    /// 0`, slot `>= 0`), RMS norm of its `k_pre` row (BF16 `[>= N, 128]`),
+    /// GPT-J RoPE of the last 64 dims at the group's first position, then an
+    /// FP8 (132 B, `use_fp4_cache=False`) or MXFP4 (68 B) record in
+    /// `k_cache` (U8 `[blocks, block_size, 132 | 68]`). `k_order`: the page
+    /// order, `"row_major"` (vLLM on CUDA), `"tiled"` (FP8, ROCm's 16 x 16
+    /// tiles) or `"preshuffled"` (MXFP4, AITER's order with N =
+    /// `mxfp4_n_per_tile`, which the other orders ignore). `mx_scale`: FP8
+    /// scales as four UE8M0 bytes instead of an f32. Out-of-range slots and
+    /// positions are skipped and counted.
+    #[pyo3(signature = (k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache, mxfp4_n_per_tile=0, *, k_order="row_major", mx_scale=false))]
+    fn indexer_k_norm_rope_store(
+        k_pre: &Any<'_>,
+        positions: &Any<'_>,
+        cos_sin_cache: &Any<'_>,
+        rms_norm_weight: &Any<'_>,
+        rms_norm_eps: f64,
+        k_cache: &Any<'_>,
+        kv_slot_mapping: &Any<'_>,
+        compress_ratio: i64,
+        use_fp4_cache: bool,
+        mxfp4_n_per_tile: i64,
+        k_order: &str,
+        mx_scale: bool,
     )
 );
 
@@ -358,6 +388,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save_ring_rows, m)?)?;
     m.add_function(wrap_pyfunction!(fused_compress_insert, m)?)?;
     m.add_function(wrap_pyfunction!(gather_dequant, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_k_norm_rope_store, m)?)?;
     m.add_function(wrap_pyfunction!(_take_skip_counts, m)?)?;
     m.add_function(wrap_pyfunction!(_init, m)?)?;
     m.add_function(wrap_pyfunction!(reference::_reference, m)?)?;

@@ -85,7 +85,7 @@ def test_schema_table_is_the_native_signatures():
         return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
 
     assert dk.ops.__all__ == ["fused_save_compress_norm", "rope_quant_insert", "save_ring_rows",
-                              "fused_compress_insert", "gather_dequant"]
+                              "fused_compress_insert", "gather_dequant", "indexer_k_norm_rope_store"]
     for name in dk.ops.__all__:
         table = dk.ops._signature(name)
         assert plain(inspect.signature(getattr(dk._native, name))) == plain(table), name

@@ -2,7 +2,8 @@
 ``python vllm_probe.py CONFIG_JSON`` puts the config's stand-in trees on
 ``sys.path``, loads the ``vllm.general_plugins`` entry points of the installed
 wheel as vLLM does, imports modules, runs compressor steps, starts workers,
-and prints a JSON report as its last line.
+runs indexer key stores through the attention module, and prints a JSON
+report as its last line.
 
 Nothing here imports torch or dsv4_kvcache before the entry points ran, so a
 run with the switch off shows what loading the plugin alone loads.
@@ -10,6 +11,7 @@ run with the switch off shows what loading the plugin alone loads.
 
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -20,6 +22,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET = "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache"
 COMPRESSOR = "vllm.models.deepseek_v41.compressor"
 NAMES = ("fused_save_compress_norm", "rope_quant_insert", "save_ring_rows")
+KEYS = "vllm.models.deepseek_v41.common.ops.indexer_k_store"
+OPS_PACKAGE = "vllm.models.deepseek_v41.common.ops"
+ATTENTION = "vllm.models.deepseek_v41.attention"
+KEY_STORE = "indexer_k_norm_rope_store"
 
 # vLLM loads the plugins once per process; a forked worker inherits the flag.
 _plugins_loaded = False
@@ -60,13 +66,13 @@ def load_general_plugins() -> int:
     return len(funcs)
 
 
-def kinds(module_name: str) -> Dict[str, str]:
+def kinds(module_name: str, names: Any = NAMES) -> Dict[str, str]:
     """Per function name what the module holds: ``ours`` (dsv4_kvcache's or
     the plugin's binding of it), ``shim`` (the plugin's first-call shim),
     ``vllm`` (anything else) or ``missing``."""
     module = sys.modules.get(module_name)
     out = {}
-    for name in NAMES:
+    for name in names:
         fn = getattr(module, name, None)
         if fn is None:
             out[name] = "missing"
@@ -82,11 +88,11 @@ def kinds(module_name: str) -> Dict[str, str]:
     return out
 
 
-def _fresh_ops(tree: str) -> Any:
-    """A second copy of the tree's ops module, under another name: vLLM's
-    functions, whatever the plugin did to the real one."""
-    path = os.path.join(tree, *TARGET.split(".")) + ".py"
-    spec = importlib.util.spec_from_file_location("standin_ops_copy", path)
+def _fresh_ops(tree: str, target: str = TARGET) -> Any:
+    """A second copy of the tree's module ``target``, under another name:
+    vLLM's functions, whatever the plugin did to the real one."""
+    path = os.path.join(tree, *target.split(".")) + ".py"
+    spec = importlib.util.spec_from_file_location("standin_copy_" + target.rpartition(".")[2], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -185,6 +191,75 @@ def run_steps(tree: str, modes: List[List[Any]], device: str = "cpu", capture: b
     return report
 
 
+def _key_step_case(fp4: bool, cr: int, block: int, seed: int, device: str) -> Dict[str, Any]:
+    """An indexer key step: 40 tokens (and 2 rows of padding), some with
+    slot -1, positions on and off group boundaries, a few special rows."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    t, max_pos = 40, 128
+    blocks = -(-(t + 8) // block)
+    k = torch.randn(t + 2, 128, generator=g) * 4.0
+    k[1] = 0.0
+    k[4, 9] = float("inf")
+    k[7, 90] = float("nan")
+    k[10] = 1e30
+    slots = torch.randperm(blocks * block, generator=g)[:t]
+    slots[::7] = -1
+    ang = torch.rand(max_pos, 32, generator=g) * 6.3
+    case = dict(k_pre=k.bfloat16(), positions=torch.randint(0, max_pos, (t + 2,), generator=g),
+                cos_sin_cache=torch.cat([ang.cos(), ang.sin()], 1),
+                weight=(1.0 + 0.2 * torch.randn(128, generator=g)).bfloat16(),
+                k_cache=torch.randint(0, 256, (blocks, block, 68 if fp4 else 132), dtype=torch.uint8,
+                                      generator=g),
+                slot_mapping=slots)
+    return {k: v.to(device) for k, v in case.items()}
+
+
+def run_key_steps(tree: str, modes: List[List[Any]], device: str = "cpu") -> Dict[str, Any]:
+    """Indexer key stores (format, cr, block size, N: the attention module's
+    ``mxfp4_n_per_tile`` where it passes one) through the attention
+    module's binding against the same store through vLLM's own function (a
+    fresh copy of the tree's module); per step, the cache's bytes equal to
+    vLLM's and changed, or what both raised."""
+    import torch
+
+    attention = importlib.import_module(ATTENTION)
+    fresh = getattr(_fresh_ops(tree, KEYS), KEY_STORE)
+    report = {}
+    for i, (fmt, cr, block, n) in enumerate(modes):
+        fp4 = fmt == "mxfp4"
+        case = _key_step_case(fp4, cr, block, 50 + i, device)
+        extra = {"n_per_tile": n} if "n_per_tile" in inspect.signature(attention.IndexerKeys).parameters else {}
+        want = case["k_cache"].clone()
+        outcome: Dict[str, Any] = {}
+        try:
+            args = [case["k_pre"], case["positions"], case["cos_sin_cache"], case["weight"], 1e-6, want,
+                    case["slot_mapping"], cr, fp4]
+            fresh(*args, **({"mxfp4_n_per_tile": n} if extra else {}))
+        except Exception as e:  # noqa: BLE001  (vLLM refuses this call: so must the binding)
+            outcome["vllm_raised"] = f"{type(e).__name__}: {e}"
+        got = case["k_cache"].clone()
+        keys = attention.IndexerKeys(cr, case["weight"], 1e-6, got, fp4, **extra)
+        try:
+            keys.store(case["k_pre"], case["positions"], case["cos_sin_cache"], case["slot_mapping"])
+            if device != "cpu":
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001  (what the test looks at)
+            outcome["raised"] = f"{type(e).__name__}: {e}"
+        outcome["same"] = bool(torch.equal(got.cpu(), want.cpu()))
+        outcome["written"] = not bool(torch.equal(got.cpu(), case["k_cache"].cpu()))
+        report[f"{fmt} cr{cr} block {block}" + (f" N {n}" if extra else "")] = outcome
+    return report
+
+
+def key_kinds() -> Dict[str, str]:
+    """What the key module, the ops package and the attention module hold
+    under the indexer key store's name (None where not imported)."""
+    return {m: (kinds(m, (KEY_STORE,))[KEY_STORE] if m in sys.modules else None)
+            for m in (KEYS, OPS_PACKAGE, ATTENTION)}
+
+
 def _worker(queue: Any, paths: List[str], imports: List[str]) -> None:
     """A vLLM worker: its plugins loaded (unless inherited), its modules
     imported; reports what the ops module and the compressor hold."""
@@ -278,9 +353,20 @@ def main(cfg: Dict[str, Any]) -> Dict[str, Any]:
         stages["eager"] = {"steps": run_steps(tree, [["nvfp4", 2, False], ["mxfp8", 2, True]]),
                            "status": dsv4_kvcache_vllm.status(), "compressor": kinds(COMPRESSOR),
                            "ops": kinds(TARGET)}
+        if cfg.get("key_steps"):
+            fake.update(available=True, initialized=True, capturing=True)
+            stages["key_capture"] = {"steps": run_key_steps(tree, cfg["key_steps"]),
+                                     "status": dsv4_kvcache_vllm.status(), "keys": key_kinds()}
+            fake.update(available=False, initialized=False, capturing=False)
+            stages["key_eager"] = {"steps": run_key_steps(tree, cfg["key_steps"]),
+                                   "status": dsv4_kvcache_vllm.status(), "keys": key_kinds()}
         report["stages"] = stages
     if cfg.get("steps"):
         report["steps"] = run_steps(tree, cfg["steps"])
+    if cfg.get("key_steps") and fake is None:
+        report["key_steps"] = run_key_steps(tree, cfg["key_steps"])
+    if cfg.get("gpu_key_steps"):
+        report["gpu_key_steps"] = run_key_steps(tree, cfg["gpu_key_steps"], device="cuda")
     if cfg.get("gpu_steps"):
         if not cfg.get("cuda_init_first"):
             # The first call, eager and outside any capture, runs the deferred check.
@@ -321,6 +407,7 @@ def main(cfg: Dict[str, Any]) -> Dict[str, Any]:
     if "dsv4_kvcache_vllm" in sys.modules:
         report["status"] = sys.modules["dsv4_kvcache_vllm"].status()
     report["ops"] = kinds(TARGET) if TARGET in sys.modules else None
+    report["keys"] = key_kinds()
     report["compressor"] = kinds(COMPRESSOR) if COMPRESSOR in sys.modules else None
     if "indexer" in cfg:
         report["indexer"] = kinds(cfg["indexer"]).get("rope_quant_insert")

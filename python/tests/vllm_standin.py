@@ -8,10 +8,17 @@ reference's page-planar bytes here, independently of the package's own
 ``record_order`` code, so that the plugin's self-check is tested against an
 order it did not produce itself.
 
-``STANDIN_FLIP`` (``function`` or ``rope_quant_insert:LAYOUT``, LAYOUT one
-of 584, 528, 288, bf16, fp8) makes that function write one wrong byte: the
-last byte its call changed gets its low bit flipped (in the 288 B records
-that is a scale, at a different offset in each order), and :data:`FLIPS`
+The indexer key store's pages are written row-major by the reference and
+then moved here to the order the stand-in's vLLM asks for (ROCm's 16 x 16
+FP8 tiles, AITER's MXFP4 order for an N), with the FP8 scales rewritten as
+four UE8M0 bytes where it asks for MX scales, again without the package's
+own ``k_order`` / ``mx_scale`` code.
+
+``STANDIN_FLIP`` (``function``, ``rope_quant_insert:LAYOUT``, LAYOUT one
+of 584, 528, 288, bf16, fp8, or ``indexer_k_norm_rope_store:FORMAT``,
+FORMAT fp8 or mxfp4) makes that function write one wrong byte: the last
+byte its call changed gets its low bit flipped (in the 288 B records that
+is a scale, at a different offset in each order), and :data:`FLIPS`
 records it.
 """
 
@@ -131,3 +138,65 @@ def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: 
     _native._reference("save_ring_rows", _cpu(rows), _cpu(slot_mapping), state)
     _flip("save_ring_rows", "", {"state_cache": state}, before)
     state_cache.copy_(state)
+
+
+def key_page_index(block_size: int, fp4: bool, order: str, n: int = 0) -> torch.Tensor:
+    """Where each byte of a row-major indexer key page ([block_size] values
+    of 128 B (FP8) or 64 B (MXFP4), then [block_size] 4-byte scales) lies in
+    ``order``'s page. ``tiled``: positions in tiles of 16, each tile's
+    values as [16-byte chunk of the row, position, byte], the scales kept.
+    ``preshuffled``: runs of ``n`` positions, values as [16-byte chunk,
+    position, byte] and scales as [scale % (64 // n), position,
+    scale // (64 // n)]."""
+    width = 64 if fp4 else 128
+    r = torch.arange(block_size).unsqueeze(1)
+    j = torch.arange(width).unsqueeze(0)
+    s = torch.arange(4).unsqueeze(0)
+    if order == "row_major":
+        return torch.arange(block_size * (width + 4))
+    if order == "tiled":
+        values = (r // 16) * 16 * width + (j // 16) * 256 + (r % 16) * 16 + j % 16
+        scales = block_size * width + 4 * r + s
+    else:
+        lo = 64 // n
+        hi = 4 // lo
+        values = (r // n) * n * width + (j // 16) * n * 16 + (r % n) * 16 + j % 16
+        scales = block_size * width + (r // n) * n * 4 + (s % lo) * n * hi + (r % n) * hi + s // lo
+    return torch.cat([values.reshape(-1), scales.reshape(-1)])
+
+
+def indexer_k_norm_rope_store(k_pre: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                              rms_norm_weight: torch.Tensor, rms_norm_eps: float, k_cache: torch.Tensor,
+                              kv_slot_mapping: torch.Tensor, compress_ratio: int, use_fp4_cache: bool,
+                              order: str = "row_major", n_per_tile: int = 0, mx_scale: bool = False) -> None:
+    """vLLM's indexer key store, writing its pages in ``order`` (the
+    caller's vLLM decides it) with f32 or, ``mx_scale``, UE8M0 FP8 scales."""
+    num = kv_slot_mapping.numel()
+    assert k_pre.ndim == 2 and k_pre.shape[1] == 128 and k_pre.dtype == torch.bfloat16
+    assert k_pre.stride(1) == 1 and num <= k_pre.shape[0] and num <= positions.numel()
+    assert compress_ratio in (1, 2)
+    if num == 0:
+        return
+    fp4 = bool(use_fp4_cache)
+    cache = _cpu(k_cache)
+    before = cache.clone()
+    blocks, block_size, width = cache.shape
+    where = key_page_index(block_size, fp4, order, n_per_tile)
+    pages = cache.reshape(blocks, -1)
+    row_major = pages[:, where].reshape(cache.shape)
+    _native._reference("indexer_k_norm_rope_store", _cpu(k_pre), _cpu(positions), _cpu(cos_sin_cache),
+                       _cpu(rms_norm_weight), rms_norm_eps, row_major, _cpu(kv_slot_mapping),
+                       compress_ratio, fp4)
+    if mx_scale and not fp4:
+        slots = _cpu(kv_slot_mapping).long()
+        pos = _cpu(positions).long()[:num]
+        for slot in slots[(slots >= 0) & ((pos + 1) % compress_ratio == 0)].tolist():
+            b, r = divmod(slot, block_size)
+            at = block_size * (width - 4) + 4 * r
+            scale = row_major[b].reshape(-1)[at: at + 4].clone()
+            # The f32 power of two's biased exponent, four times.
+            exponent = (int(scale.view(torch.int32).item()) >> 23) & 0xFF
+            row_major[b].reshape(-1)[at: at + 4] = exponent
+    pages[:, where] = row_major.reshape(blocks, -1)
+    _flip("indexer_k_norm_rope_store", "mxfp4" if fp4 else "fp8", {"k_cache": cache}, {"k_cache": before})
+    k_cache.copy_(cache)

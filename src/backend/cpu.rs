@@ -10,11 +10,12 @@ use super::Backend;
 use crate::error::{Error, Result};
 use crate::formats::{bf16_to_f32, f16_to_f32};
 use crate::gather::{gather_reference, plan_gather, GatherArgs};
+use crate::indexer_k::{indexer_k_reference, plan_indexer_k, IndexerKArgs};
 use crate::layout::{RecordLayout, DIM};
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, Bound, CachePlan, CompressArgs,
-    CompressOp, CompressPlan, FusedArgs, FusedOp, GatherOp, IndexPlan, InsertArgs, InsertOp,
-    InsertPlan, Operation, RingArgs, RingOp, RingPlan, Role, RowsPlan, SkipCounts,
+    CompressOp, CompressPlan, FusedArgs, FusedOp, GatherOp, IndexPlan, IndexerKOp, InsertArgs,
+    InsertOp, InsertPlan, Operation, RingArgs, RingOp, RingPlan, Role, RowsPlan, SkipCounts,
 };
 use crate::reference::{encode_record, pool_rows, rms_norm, Record};
 use crate::tensor::{DType, Storage, TensorDesc, TensorMut};
@@ -560,6 +561,13 @@ impl CpuBackend {
         Ok(())
     }
 
+    fn indexer_k_on<S: Bytes + ?Sized>(&self, a: IndexerKArgs<'_, S>) -> Result<()> {
+        let p = plan_indexer_k(&a)?;
+        let counts = self.run(|| indexer_k_reference(&p, a));
+        self.count(counts);
+        Ok(())
+    }
+
     fn fused_on<S: Bytes + ?Sized>(&self, mut a: FusedArgs<'_, S>, sanitize: bool) -> Result<()> {
         let fp = plan_fused(&a)?;
         let p = fp.compress;
@@ -668,6 +676,10 @@ impl Backend for CpuBackend {
 
     fn gather_dequant(&self, a: GatherArgs<'_, Vec<u8>>) -> Result<()> {
         self.gather_on(a)
+    }
+
+    fn indexer_k_norm_rope_store(&self, a: IndexerKArgs<'_, Vec<u8>>) -> Result<()> {
+        self.indexer_k_on(a)
     }
 
     fn take_skip_counts(&self) -> Result<SkipCounts> {
@@ -817,6 +829,7 @@ reference! {
     RingOp: plan_ring_rows |p| p.n, |cpu, a, _sanitize| cpu.ring_on(a);
     FusedOp: plan_fused |p| p.compress.n, |cpu, a, sanitize| cpu.fused_on(a, sanitize);
     GatherOp: plan_gather |p| p.n, |cpu, a, _sanitize| cpu.gather_on(a);
+    IndexerKOp: plan_indexer_k |p| p.n, |cpu, a, _sanitize| cpu.indexer_k_on(a);
 }
 
 /// One `unsafe` `*_host` entry point (its docs given): the operation `$op`
@@ -853,6 +866,8 @@ impl CpuBackend {
         save_ring_rows_host(RingOp, RingArgs) => false;
         /// `gather_dequant` on caller memory.
         gather_dequant_host(GatherOp, GatherArgs) => false;
+        /// `indexer_k_norm_rope_store` on caller memory.
+        indexer_k_norm_rope_store_host(IndexerKOp, IndexerKArgs) => false;
         /// The fused compress + insert on caller memory, with NaN sanitizing as
         /// given.
         fused_compress_insert_host(FusedOp, FusedArgs, sanitize: bool) => sanitize;

@@ -17,6 +17,7 @@ pub use raw::{RawDevice, RawStream};
 
 use crate::error::Result;
 use crate::gather::GatherArgs;
+use crate::indexer_k::IndexerKArgs;
 use crate::ops::{CompressArgs, FusedArgs, InsertArgs, RingArgs, SkipCounts};
 use crate::tensor::Storage;
 
@@ -72,6 +73,12 @@ pub trait Backend {
     /// `args.out` ([`crate::gather`]); out-of-range indices are skipped and
     /// counted ([`Backend::take_skip_counts`]).
     fn gather_dequant(&self, args: GatherArgs<'_, Self::Buffer>) -> Result<()>;
+
+    /// `indexer_k_norm_rope_store`: the V4.1 indexer's keys, normalized,
+    /// rotated and stored as FP8 or MXFP4 records in `args.k_cache`
+    /// ([`crate::indexer_k`]); out-of-range slots and positions are skipped
+    /// and counted.
+    fn indexer_k_norm_rope_store(&self, args: IndexerKArgs<'_, Self::Buffer>) -> Result<()>;
 
     /// Tokens skipped for out-of-range indices since the last call (waits
     /// for pending work), then resets the counts.

@@ -673,7 +673,7 @@ mod tests {
                 assert_eq!(k.param_block(), block, "{k:?}");
             }
         }
-        assert_eq!(Kernel::ALL.len(), 101);
+        assert_eq!(Kernel::ALL.len(), 103);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(k.index(), i);
             assert!(k.name().starts_with("kv_"));

@@ -653,6 +653,7 @@ pub fn compress_items(p: &CompressPlan) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::indexer_k::{indexer_k_launch, IndexerKFormat, IndexerKPlan};
     use crate::kernel_abi::BLOCK_THREADS;
     use crate::layout::RecordLayout;
     use crate::tensor::DType;
@@ -775,8 +776,55 @@ mod tests {
                 }
             }
         }
+        // The indexer key store: a kernel per format under every mapping.
+        for (_, pol) in LaunchPolicy::MAPPINGS {
+            for format in [IndexerKFormat::Fp8, IndexerKFormat::Mxfp4] {
+                seen.insert(indexer_k_launch(&pol, &indexer_k_plan(format)).kernel);
+            }
+        }
         let missing: Vec<_> = Kernel::ALL.iter().filter(|k| !seen.contains(*k)).collect();
         assert!(missing.is_empty(), "no mapping launches {missing:?}");
+    }
+
+    /// An indexer key store plan of 64 tokens in `format`; only what the
+    /// launch reads is meaningful.
+    fn indexer_k_plan(format: IndexerKFormat) -> IndexerKPlan {
+        use crate::indexer_k::{IndexerKCache, IndexerKOrder};
+        use crate::ops::{IndexPlan, RowsPlan};
+        let index = IndexPlan {
+            offset: 0,
+            is_i64: true,
+            len: 64,
+        };
+        IndexerKPlan {
+            n: 64,
+            compress_ratio: 1,
+            eps: 1e-6,
+            k_pre: RowsPlan {
+                offset: 0,
+                row_stride: 128,
+                rows: 64,
+            },
+            positions: index,
+            slots: index,
+            cos_sin: RowsPlan {
+                offset: 0,
+                row_stride: 64,
+                rows: 64,
+            },
+            cos_sin_dtype: DType::F32,
+            weight_offset: 0,
+            weight_dtype: DType::F32,
+            cache: IndexerKCache {
+                offset: 0,
+                block_stride: 64 * format.record_bytes(),
+                blocks: 1,
+                block_size: 64,
+                format,
+                order: IndexerKOrder::RowMajor,
+                mx_scale: false,
+            },
+        }
     }
 
     /// A fused plan of `n` tokens in `reqs` requests (CR2 when `reqs > 0`)

@@ -221,6 +221,29 @@ pub fn block_scale_multiplier(e: Option<i32>) -> f32 {
 /// is commutative, every lane ends with the same bits; that is the sum.
 #[inline]
 pub fn sum_squares_512(v: &[f32; 512]) -> f32 {
+    sum_squares_16_a_lane(v)
+}
+
+/// Sum of the squares of the indexer key's 128 values, in vLLM's order
+/// for a 16-byte aligned row (Triton's layout of a 128-wide row over one
+/// warp, its squares contracted into fmas): lane `i` holds
+/// `(a, b, c, d) = v[4 i .. 4 i + 4]` and sums
+/// `f32(fma(a, a, f32(b b)) + fma(c, c, f32(d d)))`, then the 32 lane
+/// sums fold by the xor butterfly of [`sum_squares_512`].
+#[inline]
+pub fn sum_squares_128(v: &[f32; 128]) -> f32 {
+    let mut s = [0.0f32; 32];
+    for (i, lane) in s.iter_mut().enumerate() {
+        let (a, b, c, d) = (v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+        *lane = a.mul_add(a, b * b) + c.mul_add(c, d * d);
+    }
+    butterfly_32(s)
+}
+
+/// Sum of the squares of the 512 values, 16 consecutive values a lane
+/// folded by halves, then the lanes by [`butterfly_32`].
+#[inline]
+fn sum_squares_16_a_lane(v: &[f32; 512]) -> f32 {
     let mut s = [0.0f32; 32];
     for (i, lane) in s.iter_mut().enumerate() {
         let mut a = [0.0f32; 16];
@@ -237,6 +260,14 @@ pub fn sum_squares_512(v: &[f32; 512]) -> f32 {
         }
         *lane = a[0];
     }
+    butterfly_32(s)
+}
+
+/// 32 lane sums folded by the xor butterfly `s[i] = s[i] + s[i ^ h]`,
+/// `h = 16, 8, 4, 2, 1`: every lane ends with the same bits (f32 addition
+/// is commutative); that is the sum.
+#[inline]
+fn butterfly_32(mut s: [f32; 32]) -> f32 {
     let mut h = 16;
     while h >= 1 {
         let prev = s;
@@ -254,6 +285,42 @@ pub fn sum_squares_512(v: &[f32; 512]) -> f32 {
 pub fn inv_rms_512(v: &[f32; 512], eps: f32) -> f32 {
     let var = sum_squares_512(v) / 512.0;
     1.0 / (var + eps).sqrt()
+}
+
+/// The reciprocal RMS of the indexer key's 128 values:
+/// `f32(1 / f32(sqrt(fma(sum, 1/128, eps))))` (vLLM's contraction of
+/// `sum / 128 + eps`; the square root and the division correctly rounded).
+#[inline]
+pub fn inv_rms_128(v: &[f32; 128], eps: f32) -> f32 {
+    1.0 / sum_squares_128(v).mul_add(1.0 / 128.0, eps).sqrt()
+}
+
+/// The smallest MXFP4 block maximum, `6 * 2^-126`: the scale exponent of
+/// a block of zeros is then -126.
+pub const MXFP4_AMAX_FLOOR: f32 = f32::from_bits(0x0140_0000);
+
+/// The scale exponent of an MXFP4 block of the indexer key:
+/// `ceil(log2f(f32(max(amax, 6 * 2^-126) * f32(1/6))))` (the rounding of
+/// [`block_scale_exponent`]) clamped to `[-127, 127]`; an infinite block
+/// gives 127. Its UE8M0 byte is `e + 127`.
+#[inline]
+pub fn mxfp4_scale_exponent(amax: f32) -> i32 {
+    let a = max_nan_ignoring(amax, MXFP4_AMAX_FLOOR);
+    match block_scale_exponent(a * INV_6) {
+        Some(e) => e.clamp(-127, 127),
+        None => 127,
+    }
+}
+
+/// `2^-e` exactly for an MXFP4 scale exponent `e` in `[-127, 127]`
+/// (`2^-127` is subnormal).
+#[inline]
+pub fn mxfp4_multiplier(e: i32) -> f32 {
+    if e == 127 {
+        f32::from_bits(0x0040_0000)
+    } else {
+        pow2(-e)
+    }
 }
 
 /// One normalized output: `bf16(f32(f32(v * inv) * w))`, as f32 before the

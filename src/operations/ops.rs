@@ -12,8 +12,9 @@ use crate::tensor::{DType, Storage, Tensor, TensorDesc, TensorMut};
 mod tensors;
 pub use tensors::{
     Align, Bound, CompressOp, CompressScalars, CompressTensors, FusedInsertTensors, FusedOp,
-    FusedTensors, GatherOp, GatherTensors, InsertOp, InsertTensors, Operation, RingOp, RingTensors,
-    Role, Spec, COMPRESS, FUSED_INSERT, GATHER, INSERT, RING, ROW_ALIGN,
+    FusedTensors, GatherOp, GatherTensors, IndexerKOp, IndexerKScalars, IndexerKTensors, InsertOp,
+    InsertTensors, Operation, RingOp, RingTensors, Role, Spec, COMPRESS, FUSED_INSERT, GATHER,
+    INDEXER_K, INSERT, RING, ROW_ALIGN,
 };
 
 /// Arguments of `fused_save_compress_norm` (names as in the seed).
@@ -805,7 +806,10 @@ pub(crate) fn cache_view<S: Storage + ?Sized>(
     })
 }
 
-fn cos_sin<S: Storage + ?Sized>(s: &'static Spec, t: &Tensor<'_, S>) -> Result<(RowsPlan, DType)> {
+pub(crate) fn cos_sin<S: Storage + ?Sized>(
+    s: &'static Spec,
+    t: &Tensor<'_, S>,
+) -> Result<(RowsPlan, DType)> {
     let d = &t.desc;
     s.dtype(d)?;
     if d.rank() != 2 || d.shape()[1] < 64 || d.strides()[1] != 1 {

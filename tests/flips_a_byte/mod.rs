@@ -7,7 +7,8 @@
 
 use dsv4_kvcache::backend::Backend;
 use dsv4_kvcache::{
-    CompressArgs, CpuBackend, FusedArgs, GatherArgs, InsertArgs, Result, RingArgs, SkipCounts,
+    CompressArgs, CpuBackend, FusedArgs, GatherArgs, IndexerKArgs, InsertArgs, Result, RingArgs,
+    SkipCounts,
 };
 
 /// Which byte of every read is flipped, and by which mask.
@@ -74,6 +75,9 @@ impl Backend for FlipsAByte {
     }
     fn gather_dequant(&self, a: GatherArgs<'_, Self::Buffer>) -> Result<()> {
         self.0.gather_dequant(a)
+    }
+    fn indexer_k_norm_rope_store(&self, a: IndexerKArgs<'_, Self::Buffer>) -> Result<()> {
+        self.0.indexer_k_norm_rope_store(a)
     }
     fn take_skip_counts(&self) -> Result<SkipCounts> {
         self.0.take_skip_counts()

@@ -5,8 +5,12 @@
 use super::super::raw::RawDevice;
 use crate::error::{Error, Result};
 use crate::gather::GatherPtrs;
+use crate::indexer_k::IndexerKPtrs;
 use crate::kernel_abi::{CompressPtrs, InsertPtrs};
-use crate::ops::{Bound, CompressTensors, FusedTensors, GatherTensors, InsertTensors, RingTensors};
+use crate::ops::{
+    Bound, CompressTensors, FusedTensors, GatherTensors, IndexerKTensors, InsertTensors,
+    RingTensors,
+};
 use crate::tensor::Storage;
 
 /// Storage with a device address.
@@ -42,6 +46,15 @@ pub fn gather_ptrs<S: DevAddr>(t: &GatherTensors<Bound<'_, S>>, counters: u64) -
     ptrs!(GatherPtrs, t, counters; cache: kv_cache, slots: slot_mapping,
         block_table: block_table, cu_seq_lens: cu_seq_lens, seq_starts: seq_starts,
         fp8_scale: fp8_scale, out: out)
+}
+
+/// The indexer key store's pointer block.
+pub fn indexer_k_ptrs<S: DevAddr>(
+    t: &IndexerKTensors<Bound<'_, S>>,
+    counters: u64,
+) -> IndexerKPtrs {
+    ptrs!(IndexerKPtrs, t, counters; k_pre: k_pre, positions: positions,
+        slots: kv_slot_mapping, cos_sin: cos_sin_cache, weight: rms_norm_weight, cache: k_cache)
 }
 
 /// The compressor's pointer block.

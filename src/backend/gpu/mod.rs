@@ -56,12 +56,15 @@ use crate::error::{Error, Result};
 use crate::gather::{
     gather_launch, gather_launch_kernel, gather_params, plan_gather, GatherArgs, GatherPlan,
 };
+use crate::indexer_k::{
+    indexer_k_launch, indexer_k_params, plan_indexer_k, IndexerKArgs, IndexerKPlan,
+};
 use crate::kernel_abi::{self, Kernel, KernelParams, NUM_COUNTERS};
 use crate::launch::{Launch, LaunchPolicy};
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, Bound, CompressArgs, CompressPlan,
-    CompressTensors, FusedArgs, FusedPlan, FusedTensors, GatherTensors, InsertArgs, InsertPlan,
-    InsertTensors, RingArgs, RingRowsPlan, RingTensors, SkipCounts,
+    CompressTensors, FusedArgs, FusedPlan, FusedTensors, GatherTensors, IndexerKTensors,
+    InsertArgs, InsertPlan, InsertTensors, RingArgs, RingRowsPlan, RingTensors, SkipCounts,
 };
 use crate::tensor::Storage;
 use std::ffi::c_void;
@@ -442,6 +445,11 @@ impl<D: Driver> GpuBackend<D> {
             };
             (launch, gather_params(p, &bind::gather_ptrs(t, c), &l), CallRows::gather(p))
         };
+        indexer_k_on(IndexerKPlan, IndexerKTensors) => (
+            indexer_k_launch(&g.policy, p),
+            indexer_k_params(p, &bind::indexer_k_ptrs(t, c)),
+            CallRows::indexer_k(p, t),
+        );
     }
 
     // ---- the raw API -------------------------------------------------------
@@ -529,6 +537,19 @@ impl<D: Driver> GpuBackend<D> {
         gather_dequant_raw(GatherArgs, plan_gather, gather_on, |p| p.n);
     }
 
+    raw_op! {
+        /// `indexer_k_norm_rope_store` over caller-owned device memory on the
+        /// caller's stream; see [`GpuBackend::rope_quant_insert_raw`]. The
+        /// checks come in the same order: the plan, then each address in
+        /// argument order (`k_cache` 16-byte aligned, every other tensor to
+        /// its element size), then `raw_counters`.
+        ///
+        /// # Safety
+        /// As for [`GpuBackend::rope_quant_insert_raw`]; the written tensor is
+        /// `k_cache`.
+        indexer_k_norm_rope_store_raw(IndexerKArgs, plan_indexer_k, indexer_k_on, |p| p.n);
+    }
+
     /// The raw API after the plan, the same for every operation: nothing
     /// for a call with no token (nothing is read or written: a framework's
     /// empty tensors may have null addresses, and the seed returns there
@@ -608,6 +629,10 @@ impl<D: Driver> Backend for GpuBackend<D> {
 
     fn gather_dequant(&self, a: GatherArgs<'_, DeviceBuffer<D>>) -> Result<()> {
         self.own_stream().gather_dequant(a)
+    }
+
+    fn indexer_k_norm_rope_store(&self, a: IndexerKArgs<'_, DeviceBuffer<D>>) -> Result<()> {
+        self.own_stream().indexer_k_norm_rope_store(a)
     }
 
     fn take_skip_counts(&self) -> Result<SkipCounts> {

@@ -8,6 +8,7 @@ use crate::backend::raw::RawStream;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::gather::{plan_gather, GatherArgs};
+use crate::indexer_k::{plan_indexer_k, IndexerKArgs};
 use crate::kernel_abi::{self, NUM_COUNTERS};
 use crate::ops::{
     plan_compress, plan_fused, plan_insert, plan_ring_rows, Bound, CompressArgs, FusedArgs,
@@ -237,6 +238,13 @@ impl<D: Driver> Backend for OnStream<'_, D> {
         sanitize
     );
     safe_op!(gather_dequant, GatherArgs, plan_gather, gather_on, |p| p.n);
+    safe_op!(
+        indexer_k_norm_rope_store,
+        IndexerKArgs,
+        plan_indexer_k,
+        indexer_k_on,
+        |p| p.n
+    );
 
     fn take_skip_counts(&self) -> Result<SkipCounts> {
         self.synchronize()?;

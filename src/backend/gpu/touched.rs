@@ -10,9 +10,10 @@ use super::{Driver, GpuBackend};
 use crate::backend::raw::RawStream;
 use crate::error::{Error, IndexValues, Result, Rows, Touched, TouchedRows};
 use crate::gather::GatherPlan;
+use crate::indexer_k::IndexerKPlan;
 use crate::ops::{
-    Bound, CompressPlan, CompressTensors, FusedPlan, FusedTensors, IndexPlan, InsertPlan,
-    InsertTensors, RingRowsPlan, RingTensors,
+    Bound, CompressPlan, CompressTensors, FusedPlan, FusedTensors, IndexPlan, IndexerKTensors,
+    InsertPlan, InsertTensors, RingRowsPlan, RingTensors,
 };
 use std::sync::{Mutex, MutexGuard};
 
@@ -77,6 +78,20 @@ impl CallRows {
             op: "rope_quant_insert",
             parts: [
                 indexed("kv_cache", &t.slot_mapping, &p.slots, p.n),
+                None,
+                None,
+            ],
+        }
+    }
+
+    pub(super) fn indexer_k<S: DevAddr>(
+        p: &IndexerKPlan,
+        t: &IndexerKTensors<Bound<'_, S>>,
+    ) -> Self {
+        CallRows {
+            op: "indexer_k_norm_rope_store",
+            parts: [
+                indexed("k_cache", &t.kv_slot_mapping, &p.slots, p.n),
                 None,
                 None,
             ],

@@ -11,6 +11,7 @@
 use super::{CompressArgs, FusedArgs, InsertArgs, RingArgs};
 use super::{GatherArgs, GatherIndex};
 use crate::error::{Error, Result};
+use crate::indexer_k::{IndexerKArgs, IndexerKFormat, IndexerKOrder};
 use crate::layout::RecordOrder;
 use crate::tensor::{DType, Tensor, TensorDesc, TensorMut};
 
@@ -306,6 +307,24 @@ table! {
     }
 }
 
+table! {
+    /// `indexer_k_norm_rope_store`'s tensors.
+    IndexerKTensors, INDEXER_K {
+        /// Read (any row stride, so element-aligned).
+        k_pre: Read, Elem, [BF16],
+        /// Read.
+        positions: Read, Elem, [I32, I64],
+        /// Read, each value widened exactly to f32.
+        cos_sin_cache: Read, Elem, [F32, BF16, F16],
+        /// Read, each value widened exactly to f32.
+        rms_norm_weight: Read, Elem, [F32, BF16, F16],
+        /// Written: the paged 132 or 68 B records.
+        k_cache: Written, Row, [U8],
+        /// Read.
+        kv_slot_mapping: Read, Elem, [I32, I64],
+    }
+}
+
 /// The fused launch's tensors: the compressor's, then the insert's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FusedTensors<T> {
@@ -562,6 +581,46 @@ operation! {
     |a| a.record_order
 }
 
+/// `indexer_k_norm_rope_store`'s scalars.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IndexerKScalars {
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// Group size.
+    pub compress_ratio: u32,
+    /// FP8 or MXFP4 records.
+    pub format: IndexerKFormat,
+    /// The page order.
+    pub order: IndexerKOrder,
+    /// FP8 scales as four UE8M0 bytes.
+    pub mx_scale: bool,
+}
+
+operation! {
+    /// `indexer_k_norm_rope_store`, the V4.1 indexer key store.
+    IndexerKOp = "indexer_k_norm_rope_store": IndexerKArgs, IndexerKTensors, INDEXER_K, IndexerKScalars,
+    |t, c, s| Ok(IndexerKArgs {
+        k_pre: ro(need(&s.k_pre, t.k_pre)?),
+        positions: ro(need(&s.positions, t.positions)?),
+        cos_sin_cache: ro(need(&s.cos_sin_cache, t.cos_sin_cache)?),
+        rms_norm_weight: ro(need(&s.rms_norm_weight, t.rms_norm_weight)?),
+        rms_norm_eps: c.rms_norm_eps,
+        k_cache: need(&s.k_cache, t.k_cache)?,
+        kv_slot_mapping: ro(need(&s.kv_slot_mapping, t.kv_slot_mapping)?),
+        compress_ratio: c.compress_ratio,
+        format: c.format,
+        order: c.order,
+        mx_scale: c.mx_scale,
+    }),
+    |a| IndexerKScalars {
+        rms_norm_eps: a.rms_norm_eps,
+        compress_ratio: a.compress_ratio,
+        format: a.format,
+        order: a.order,
+        mx_scale: a.mx_scale,
+    }
+}
+
 /// The gather's addressing form from its given index tensors.
 fn gather_index<'a, S: ?Sized>(
     slot_mapping: Option<TensorMut<'a, S>>,
@@ -683,6 +742,21 @@ impl<S: ?Sized> FusedArgs<'_, S> {
                 kv_cache: bound(&s.kv_cache, w(&self.kv_cache)),
                 fp8_scale: bound(&s.fp8_scale, self.fp8_scale.as_ref().and_then(r)),
             },
+        }
+    }
+}
+
+impl<S: ?Sized> IndexerKArgs<'_, S> {
+    /// The tensors.
+    pub fn tensors(&self) -> IndexerKTensors<Bound<'_, S>> {
+        let s = &INDEXER_K;
+        IndexerKTensors {
+            k_pre: bound(&s.k_pre, r(&self.k_pre)),
+            positions: bound(&s.positions, r(&self.positions)),
+            cos_sin_cache: bound(&s.cos_sin_cache, r(&self.cos_sin_cache)),
+            rms_norm_weight: bound(&s.rms_norm_weight, r(&self.rms_norm_weight)),
+            k_cache: bound(&s.k_cache, w(&self.k_cache)),
+            kv_slot_mapping: bound(&s.kv_slot_mapping, r(&self.kv_slot_mapping)),
         }
     }
 }

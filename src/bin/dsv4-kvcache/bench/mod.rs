@@ -4,6 +4,7 @@
 //! the host cost of a launch.
 
 mod anchors;
+mod indexer_k;
 mod traffic;
 
 use crate::args::Opts;
@@ -349,6 +350,23 @@ impl Job for BenchJob {
                     "op": c.name, "tokens": t, "us_per_launch": us, "bytes": bytes, "gb_per_s": gbps,
                     "fraction_of_roofline": gbps * 1e9 / roof, "anchor_us": anchor,
                     "speedup_vs_anchor": anchor.map(|a| a / us),
+                }));
+            }
+            for (name, format, order) in indexer_k::ROWS {
+                if !self.wants(name) {
+                    continue;
+                }
+                let us = indexer_k::time(b, timing, t, format, order, self.launches, self.replays)?;
+                let bytes = indexer_k::bytes(t, format);
+                let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+                println!(
+                    "| {name} | {t} | {us:.2} | {gbps:.1} | {:.1} % | — | — |",
+                    100.0 * gbps * 1e9 / roof
+                );
+                rows.push(serde_json::json!({
+                    "op": name, "tokens": t, "us_per_launch": us, "bytes": bytes, "gb_per_s": gbps,
+                    "fraction_of_roofline": gbps * 1e9 / roof, "anchor_us": null,
+                    "speedup_vs_anchor": null,
                 }));
             }
         }
