@@ -275,7 +275,8 @@ KV_KERNEL KV_LAUNCH_BOUNDS_4(KV_BLOCK_THREADS) void kv_indexer_k_mxfp4(const KvI
     for (int j = 0; j < 16; ++j) {
         float q = r[j] * mul;
         uint32_t sign = (kv_f2u(kv_fmin_nan_ignoring(q, kv_u2f(0x7f800000u))) >> 28) & 8u;
-        uint32_t code = kv_e2m1_magnitude_bits(kv_fmax_nonneg(kv_fabsf(q), 0.0f)) | sign;
+        // The magnitude code is the low three bits of 2^23 + code.
+        uint32_t code = (kv_e2m1_magnitude_bits(kv_fmax_nonneg(kv_fabsf(q), 0.0f)) & 7u) | sign;
         words[j >> 3] |= code << (4 * (j & 7));
     }
 

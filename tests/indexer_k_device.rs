@@ -8,6 +8,11 @@
 //! included) and the skip counts are compared, under each of
 //! `LaunchPolicy::MAPPINGS`, from 1 token to 5000.
 //!
+//! The same kernel source also runs built for the host (a group's 32 lanes
+//! on threads of their own, `tests/host_kernels/indexer_k_host.cpp`), under
+//! every mapping, against the same reference: the kernels' addressing,
+//! lane mapping, shuffles and encoders checked wherever no GPU is at hand.
+//!
 //! Without a GPU each device test prints SKIPPED with the reason;
 //! `DSV4_KVCACHE_REQUIRE_GPU` makes a missing device a failure.
 
@@ -22,9 +27,13 @@ mod gpu_required;
 #[path = "gpu_pair/mod.rs"]
 #[macro_use]
 mod gpu_pair;
+#[path = "host_kernels/mod.rs"]
+mod host_kernels;
 
 use dsv4_kvcache::backend::gpu::{Driver, GpuBackend};
 use dsv4_kvcache::formats::bf16_from_f32;
+use dsv4_kvcache::indexer_k::{indexer_k_launch, indexer_k_params, plan_indexer_k, IndexerKPtrs};
+use dsv4_kvcache::kernel_abi::KernelParams;
 use dsv4_kvcache::ops::SkipCounts;
 use dsv4_kvcache::testkit::Rng;
 use dsv4_kvcache::{
@@ -227,6 +236,80 @@ fn cases() -> Vec<Case> {
 type Outcome = (Vec<u8>, SkipCounts);
 
 impl Case {
+    /// The call's arguments over host buffers (`bufs`: k_pre, positions,
+    /// slots, cos/sin, weight, cache).
+    fn args<'a>(&self, bufs: &'a mut [Vec<u8>; 6]) -> IndexerKArgs<'a, Vec<u8>> {
+        let rec = self.format.record_bytes();
+        let [k, pos, slots, cos, w, cache] = bufs;
+        IndexerKArgs {
+            k_pre: Tensor::new(
+                &*k,
+                TensorDesc::strided(DType::BF16, &[self.n, 128], &[self.k_stride, 1])
+                    .expect("view"),
+            ),
+            positions: Tensor::new(&*pos, TensorDesc::contiguous(self.idx, &[self.n])),
+            cos_sin_cache: Tensor::new(
+                &*cos,
+                TensorDesc::contiguous(self.cos_dtype, &[self.max_pos, 64]),
+            ),
+            rms_norm_weight: Tensor::new(&*w, TensorDesc::contiguous(self.w_dtype, &[128])),
+            rms_norm_eps: 1e-6,
+            k_cache: TensorMut::new(
+                cache,
+                TensorDesc::strided(
+                    DType::U8,
+                    &[self.blocks, self.block_size, rec],
+                    &[self.block_stride, rec, 1],
+                )
+                .expect("view"),
+            ),
+            kv_slot_mapping: Tensor::new(&*slots, TensorDesc::contiguous(self.idx, &[self.n])),
+            compress_ratio: self.cr,
+            format: self.format,
+            order: self.order,
+            mx_scale: self.mx_scale,
+        }
+    }
+
+    /// The case through the host-built kernels with the launch a GPU
+    /// backend with `policy` would pick.
+    fn run_host(&self, exe: &std::path::PathBuf, policy: &LaunchPolicy) -> Outcome {
+        let mut bufs = [
+            self.k_pre.clone(),
+            self.positions.clone(),
+            self.slots.clone(),
+            self.cos.clone(),
+            self.weight.clone(),
+            self.cache.clone(),
+        ];
+        let plan = plan_indexer_k(&self.args(&mut bufs)).expect("a valid case");
+        let launch = indexer_k_launch(policy, &plan);
+        let ptr = host_kernels::buffer_ptr;
+        let params = indexer_k_params(
+            &plan,
+            &IndexerKPtrs {
+                k_pre: ptr(0),
+                positions: ptr(1),
+                slots: ptr(2),
+                cos_sin: ptr(3),
+                weight: ptr(4),
+                cache: ptr(5),
+                counters: 0,
+            },
+        )
+        .with_geometry(&launch.geometry);
+        let views: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+        let out = host_kernels::run(
+            exe,
+            &views,
+            &params,
+            launch.kernel.name(),
+            &launch.geometry,
+            &self.label,
+        );
+        (out.bufs[5].clone(), out.counts)
+    }
+
     fn run<B: Backend>(&self, b: &B) -> Result<Outcome> {
         let k = b.upload(&self.k_pre)?;
         let pos = b.upload(&self.positions)?;
@@ -326,6 +409,60 @@ gpu_tests!(
     prefix = "indexer_k ",
     |b| check_gpu(b)
 );
+
+/// The kernel source built for the host, byte for byte against the
+/// reference (the cache and the skip counts): the cases of up to 64 tokens
+/// and the wild ones of 1000 under the measured mapping, those of up to 7
+/// under the others.
+#[test]
+fn host_built_kernels_match_the_reference() {
+    let exe = match host_kernels::build("indexer_k_host.cpp", &[]) {
+        Ok(e) => e,
+        Err(why) => return host_kernels::skipped(&format!("indexer_k host kernels: {why}")),
+    };
+    // Each host launch runs a group's lanes on threads, group by group, so
+    // the long cases are few: of 1000 tokens, the wild ones (every skip
+    // reason, both ratios); the rest up to 64 tokens.
+    let all: Vec<Case> = cases()
+        .into_iter()
+        .filter(|c| c.n <= 64 || (c.n == 1000 && c.label.contains("wild true")))
+        .collect();
+    let want = reference(&all);
+    let mut failed = Vec::new();
+    // Every case under the measured mapping; the other mappings change
+    // only the groups a block holds, so their cases stop at 7 tokens.
+    for (i, (label, policy)) in LaunchPolicy::MAPPINGS.into_iter().enumerate() {
+        let mut bad = 0;
+        for (case, want) in all.iter().zip(&want).filter(|(c, _)| i == 0 || c.n <= 7) {
+            let got = case.run_host(&exe, &policy);
+            if got != *want {
+                let diff: Vec<usize> = (0..want.0.len())
+                    .filter(|&i| want.0[i] != got.0[i])
+                    .collect();
+                eprintln!(
+                    "MISMATCH [{label}] {}: {} bytes differ (first at {:?}: want {:02x?} got {:02x?}); counts want {:?} got {:?}",
+                    case.label,
+                    diff.len(),
+                    diff.first(),
+                    diff.iter().take(8).map(|&i| want.0[i]).collect::<Vec<_>>(),
+                    diff.iter().take(8).map(|&i| got.0[i]).collect::<Vec<_>>(),
+                    want.1,
+                    got.1
+                );
+                bad += 1;
+            }
+        }
+        println!("INDEXER_K HOST [{label}]: {bad} mismatching cases");
+        if bad > 0 {
+            failed.push(label);
+        }
+    }
+    let _ = std::fs::remove_file(&exe);
+    assert!(
+        failed.is_empty(),
+        "host-built kernels differ under {failed:?}"
+    );
+}
 
 /// The comparison can fail: a one-thread CPU backend agrees with the
 /// reference, corrupted keys change the records, and the wild cases count

@@ -45,3 +45,13 @@ void kv_host_relocate(KvHostLaunch<P>& in, KvGatherParams& g) {
     in.relocate(g.fp8_scale);
     in.relocate(g.out);
 }
+
+template <class P>
+void kv_host_relocate(KvHostLaunch<P>& in, KvIndexerKParams& k) {
+    in.relocate(k.k_pre);
+    in.relocate(k.positions);
+    in.relocate(k.slots);
+    in.relocate(k.cos_sin);
+    in.relocate(k.weight);
+    in.relocate(k.cache);
+}
