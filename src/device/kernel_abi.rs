@@ -410,14 +410,19 @@ pub fn compress_params(p: &CompressPlan, b: &CompressPtrs) -> CompressParams {
     c
 }
 
-/// Parameter block of an insert plan.
-pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertParams {
-    let mut f = i64_flag(&p.positions, flags::POS_I64) | i64_flag(&p.slots, flags::SLOT_I64);
-    f |= match p.cos_sin_dtype {
+/// The flag bits of a cos/sin table's element type (F32 has none).
+pub(crate) fn cos_sin_flags(dtype: DType) -> u32 {
+    match dtype {
         DType::BF16 => flags::COS_BF16,
         DType::F16 => flags::COS_F16,
         _ => 0,
-    };
+    }
+}
+
+/// Parameter block of an insert plan.
+pub fn insert_params(p: &InsertPlan, b: &InsertPtrs, sanitize: bool) -> InsertParams {
+    let mut f = i64_flag(&p.positions, flags::POS_I64) | i64_flag(&p.slots, flags::SLOT_I64);
+    f |= cos_sin_flags(p.cos_sin_dtype);
     if sanitize {
         f |= flags::SANITIZE;
     }
@@ -566,7 +571,8 @@ pub trait KernelParams: Copy {
     fn with_geometry(self, g: &Geometry) -> Self;
 }
 
-fn set_groups(flags: u32, g: &Geometry) -> u32 {
+/// `flags` with the launch's groups per block in bits 12..14.
+pub(crate) fn set_groups(flags: u32, g: &Geometry) -> u32 {
     (flags & !flags::GROUPS_LOG2_MASK) | (g.groups_log2 << flags::GROUPS_LOG2_SHIFT)
 }
 

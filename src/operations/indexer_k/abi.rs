@@ -4,7 +4,8 @@
 
 use super::{IndexerKFormat, IndexerKOrder, IndexerKPlan};
 use crate::kernel_abi::{
-    flags as abi_flags, i64_flag, pow2_shift, Geometry, IndexerKParams, Kernel, KernelParams,
+    cos_sin_flags, flags as abi_flags, i64_flag, pow2_shift, set_groups, Geometry, IndexerKParams,
+    Kernel, KernelParams,
 };
 use crate::launch::{Launch, LaunchPolicy};
 use crate::tensor::DType;
@@ -25,8 +26,7 @@ pub mod indexer_k_flags {
 
 impl KernelParams for IndexerKParams {
     fn with_geometry(mut self, g: &Geometry) -> Self {
-        self.flags = (self.flags & !abi_flags::GROUPS_LOG2_MASK)
-            | (g.groups_log2 << abi_flags::GROUPS_LOG2_SHIFT);
+        self.flags = set_groups(self.flags, g);
         self
     }
 }
@@ -64,11 +64,7 @@ pub fn indexer_k_launch(policy: &LaunchPolicy, p: &IndexerKPlan) -> Launch {
 pub fn indexer_k_params(p: &IndexerKPlan, b: &IndexerKPtrs) -> IndexerKParams {
     let mut f =
         i64_flag(&p.positions, abi_flags::POS_I64) | i64_flag(&p.slots, abi_flags::SLOT_I64);
-    f |= match p.cos_sin_dtype {
-        DType::BF16 => abi_flags::COS_BF16,
-        DType::F16 => abi_flags::COS_F16,
-        _ => 0,
-    };
+    f |= cos_sin_flags(p.cos_sin_dtype);
     f |= match p.weight_dtype {
         DType::F16 => abi_flags::W_F16,
         DType::F32 => abi_flags::W_F32,
